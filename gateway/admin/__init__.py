@@ -1,0 +1,1 @@
+"""Admin API: health, readiness, status, drain fences, flush control, metrics (own port)."""

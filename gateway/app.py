@@ -1,0 +1,197 @@
+"""Composition root: builds every object, runs both listeners, shuts down in order.
+
+Shutdown order (SIGTERM/SIGINT): readiness fails and new writes get 503 SlowDown at once;
+the S3 listener stops and in-flight requests finish; flushing goes on until everything is
+durable or ``shutdown_drain_timeout_s`` passes; then the flusher stops (unfinished uploads
+stay pending on disk), the admin listener closes, and the journal is closed last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from gateway.admin.api import AdminServices, build_admin_app
+from gateway.clock import SystemClock
+from gateway.config import Settings
+from gateway.core.buckets import BucketService
+from gateway.core.listing import ListingService
+from gateway.core.objects import ObjectService
+from gateway.errors import S3Error
+from gateway.flush.backoff import Backoff
+from gateway.flush.flusher import Flusher
+from gateway.s3.dispatch import S3Services
+from gateway.s3.server import build_s3_app
+from gateway.store.blobs import BlobStore
+from gateway.store.journal import Journal
+from gateway.upstream.client import AiobotocoreUpstream
+
+log = logging.getLogger("gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str
+    port: int
+
+
+def _split(host_port: str) -> Endpoint:
+    host, _, port = host_port.rpartition(":")
+    return Endpoint(host.strip("[]"), int(port))
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Run the gateway until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        await _run(settings, stop, stack)
+
+
+async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncExitStack) -> None:
+    clock = SystemClock()
+    endpoint = settings.upstream_endpoint
+    upstream_keys: tuple[str | None, str | None] = (None, None)
+    credentials: dict[str, str] = {}
+    if settings.access_key is not None and settings.secret_key is not None:
+        credentials[settings.access_key] = settings.secret_key
+    if settings.is_demo:
+        from gateway.upstream.demo import DEMO_UPSTREAM_KEY, DEMO_UPSTREAM_SECRET, DemoUpstream
+
+        demo = DemoUpstream()
+        endpoint = await asyncio.to_thread(demo.start)
+        stack.callback(demo.stop)
+        upstream_keys = (DEMO_UPSTREAM_KEY, DEMO_UPSTREAM_SECRET)
+        credentials = credentials or {"demo": "demo-secret-key"}
+
+    upstream = AiobotocoreUpstream(
+        endpoint_url=endpoint,
+        region=settings.upstream_region,
+        addressing_style="path" if settings.is_demo else settings.upstream_addressing_style,
+        max_connections=max(16, settings.flush_concurrency * 2),
+        access_key=upstream_keys[0],
+        secret_key=upstream_keys[1],
+    )
+    await upstream.start()
+    stack.push_async_callback(upstream.close)
+
+    data_dir = Path(settings.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    blobs = BlobStore(data_dir, fsync=settings.fsync)
+    await asyncio.to_thread(blobs.open_store)
+    stack.callback(blobs.close)
+    journal = Journal(data_dir / "journal.db", fsync=settings.fsync)
+    referenced = await asyncio.to_thread(journal.open)
+    stack.callback(journal.close)
+    swept = await asyncio.to_thread(blobs.sweep, referenced)
+    if swept:
+        log.info("removed %d unreferenced blob files left by an earlier crash", swept)
+
+    if settings.is_demo:
+        with contextlib.suppress(S3Error):
+            await upstream.create_bucket(settings.demo_bucket, None)
+
+    buckets = BucketService(journal, blobs, upstream, clock)
+    s3 = S3Services(
+        objects=ObjectService(
+            journal, blobs, upstream, buckets, clock, max_object_bytes=settings.max_object_bytes
+        ),
+        buckets=buckets,
+        listing=ListingService(journal, upstream),
+        credentials=credentials,
+        region=settings.upstream_region,
+        domain=settings.domain,
+        clock=clock,
+    )
+    flusher = Flusher(
+        journal,
+        blobs,
+        upstream,
+        clock,
+        concurrency=settings.flush_concurrency,
+        backoff=Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s),
+    )
+    flusher_task = asyncio.create_task(flusher.run(), name="flusher")
+    capacity = settings.capacity_bytes or _filesystem_bytes(data_dir)
+    admin = AdminServices(journal=journal, flusher=flusher, clock=clock, capacity_bytes=capacity)
+
+    s3_runner = web.AppRunner(build_s3_app(s3), handle_signals=False, shutdown_timeout=10.0)
+    admin_runner = web.AppRunner(build_admin_app(admin), handle_signals=False, access_log=None)
+    await s3_runner.setup()
+    await admin_runner.setup()
+    stack.push_async_callback(admin_runner.cleanup)
+    for runner, where in ((s3_runner, settings.listen), (admin_runner, settings.admin_listen)):
+        ep = _split(where)
+        await web.TCPSite(runner, ep.host, ep.port, reuse_address=True).start()
+    admin.is_ready = True
+    _announce(settings, endpoint, credentials)
+
+    await stop.wait()
+    log.info(
+        "shutting down: refusing new writes, draining for up to %.0fs",
+        settings.shutdown_drain_timeout_s,
+    )
+    admin.is_ready = False
+    s3.is_accepting_writes = False
+    await s3_runner.cleanup()
+    deadline = clock.monotonic() + settings.shutdown_drain_timeout_s
+    if not flusher.is_paused:
+        while clock.monotonic() < deadline:
+            objects, _ = await journal.unflushed(None, "", journal.last_seq)
+            if objects == 0:
+                break
+            async with journal.changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(journal.changed.wait(), 0.5)
+    await flusher.stop(max(0.0, deadline - clock.monotonic()))
+    await flusher_task
+    objects, size = await journal.unflushed(None, "", journal.last_seq)
+    if objects:
+        log.warning(
+            "exiting with %d objects (%d bytes) not yet flushed; they resume at the next start",
+            objects,
+            size,
+        )
+
+
+def _filesystem_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize
+
+
+def _announce(settings: Settings, upstream: str | None, credentials: dict[str, str]) -> None:
+    s3 = f"http://{settings.listen}"
+    log.info(
+        "S3 endpoint %s, admin http://%s, data in %s (durability=%s)",
+        s3,
+        settings.admin_listen,
+        settings.data_dir,
+        settings.durability,
+    )
+    if settings.is_demo:
+        key, secret = next(iter(credentials.items()))
+        banner = [
+            "=" * 72,
+            "DEMO MODE: no --upstream-endpoint given, so the upstream is an embedded,",
+            f"in-memory S3 server at {upstream} (bucket '{settings.demo_bucket}').",
+            "Everything flushed there is LOST when the gateway exits.",
+            f"  endpoint_url      = {s3}",
+            f"  access key id     = {key}",
+            f"  secret access key = {secret}",
+            f"  region            = {settings.upstream_region}",
+            "=" * 72,
+        ]
+        for line in banner:
+            log.warning("%s", line)
+    else:
+        log.info("upstream %s (region %s)", upstream, settings.upstream_region)

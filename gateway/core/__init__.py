@@ -1,0 +1,1 @@
+"""S3 semantics over the local store and the upstream: no HTTP framework, no SDK."""

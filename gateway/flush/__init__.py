@@ -1,0 +1,1 @@
+"""Write-back: the flush engine that drains acknowledged writes to the upstream bucket."""

@@ -1,0 +1,104 @@
+"""Value objects shared by every layer. No I/O, no framework imports."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+
+class FlushState(StrEnum):
+    """Where an acknowledged write stands on its way to the upstream bucket."""
+
+    PENDING = "pending"  # durable locally, waiting to be uploaded
+    FLUSHING = "flushing"  # an upload is in flight
+    DURABLE = "durable"  # the upstream has this exact version
+    FAILED = "failed"  # a permanent upstream error; kept until an operator retries
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    """What S3 returns about an object version. ``etag`` is unquoted hex (``-N`` for multipart)."""
+
+    bucket: str
+    key: str
+    size_bytes: int
+    etag: str
+    last_modified_s: float
+    content_type: str = "binary/octet-stream"
+    user_metadata: Mapping[str, str] = field(default_factory=dict)
+    # System metadata stored and returned verbatim (content-encoding, cache-control, ...).
+    headers: Mapping[str, str] = field(default_factory=dict)
+    # x-amz-checksum-<algorithm> values (base64) verified on ingest.
+    checksums: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalObject:
+    """A journal row: the newest local version of a key, or a delete of it (a tombstone)."""
+
+    meta: ObjectMeta
+    seq: int  # global acknowledgement order; also the version's generation
+    state: FlushState
+    blob_id: str | None  # None for tombstones
+    is_delete: bool = False
+    attempts: int = 0
+    last_error: str | None = None
+
+
+class RequestBody(Protocol):
+    """A streamed request body (plain or aws-chunked-decoded).
+
+    ``trailers`` is valid only once ``chunks()`` is exhausted (aws-chunked trailing headers,
+    lower-cased names); it is empty for plain bodies.
+    """
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    @property
+    def trailers(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PutRequest:
+    """A PutObject after protocol parsing: what to store and what to verify."""
+
+    bucket: str
+    key: str
+    content_type: str
+    user_metadata: Mapping[str, str]
+    headers: Mapping[str, str]
+    content_length: int | None  # decoded length when known up front
+    content_md5: str | None = None  # base64, from Content-MD5
+    payload_sha256: str | None = None  # hex, from x-amz-content-sha256 when it is a digest
+    checksums: Mapping[str, str] = field(default_factory=dict)  # algorithm -> base64 expected
+    # Algorithm whose value arrives in the aws-chunked trailer (x-amz-trailer), if any.
+    trailer_checksum: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListEntry:
+    """One row of a listing: a key with its figures, or a common prefix."""
+
+    name: str
+    is_prefix: bool = False
+    size_bytes: int = 0
+    etag: str = ""
+    last_modified_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    """A page of a merged listing, in S3 order (keys and prefixes interleaved by name)."""
+
+    entries: tuple[ListEntry, ...]
+    is_truncated: bool
+    # The last name returned: the marker for the next page when truncated.
+    last_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BucketInfo:
+    name: str
+    created_s: float

@@ -1,0 +1,62 @@
+"""Request bodies as ``RequestBody``: plain (as sent) or aws-chunked (decoded)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+
+from aiohttp import ClientError, web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from gateway.errors import IncompleteBody, InvalidArgument, MissingContentLength
+from gateway.s3.auth import AuthContext
+from gateway.s3.chunked import AwsChunkedBody
+
+_STREAMING = ("STREAMING-",)
+_TRUNCATED = (OSError, ClientError, HttpProcessingError, asyncio.IncompleteReadError)
+
+
+class PlainBody:
+    """The request's payload as it arrives (after HTTP Transfer-Encoding is undone)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for piece in self._request.content.iter_any():
+                yield piece
+        except _TRUNCATED as exc:  # the client sent less than it promised, or went away
+            raise IncompleteBody() from exc
+
+    @property
+    def trailers(self) -> Mapping[str, str]:
+        return {}
+
+
+def request_body(
+    request: web.Request, auth: AuthContext
+) -> tuple[PlainBody | AwsChunkedBody, int | None]:
+    """The body to store and its decoded length when the client declared one."""
+    sha = request.headers.get("x-amz-content-sha256", "")
+    encodings = [e.strip().lower() for e in request.headers.get("Content-Encoding", "").split(",")]
+    if sha.startswith(_STREAMING) or "aws-chunked" in encodings:
+        declared = request.headers.get("x-amz-decoded-content-length")
+        if declared is None:
+            raise MissingContentLength(
+                "x-amz-decoded-content-length is required for aws-chunked bodies."
+            )
+        length = _int_header(declared, "x-amz-decoded-content-length")
+        return AwsChunkedBody(request.content, decoded_length=length, auth=auth), length
+    if (
+        request.content_length is None
+        and "chunked" not in request.headers.get("Transfer-Encoding", "").lower()
+    ):
+        raise MissingContentLength()
+    return PlainBody(request), request.content_length
+
+
+def _int_header(value: str, name: str) -> int:
+    if not value.isdigit():
+        raise InvalidArgument(f"{name} must be a non-negative integer.")
+    return int(value)

@@ -1,0 +1,70 @@
+"""The single catch-all route: authenticate, parse into an Operation, call its handler."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+from gateway.clock import Clock
+from gateway.core.buckets import BucketService
+from gateway.core.listing import ListingService
+from gateway.core.objects import ObjectService
+from gateway.errors import NotImplementedError_, SlowDown
+from gateway.s3 import operations as ops
+from gateway.s3.auth import AuthContext, verify_request
+from gateway.s3.routing import parse_operation
+
+
+@dataclass(slots=True)
+class S3Services:
+    """Everything the S3 handlers call; built by app.py."""
+
+    objects: ObjectService
+    buckets: BucketService
+    listing: ListingService
+    credentials: Mapping[str, str]
+    region: str
+    domain: str | None
+    clock: Clock
+    is_accepting_writes: bool = True
+
+    def check_writable(self) -> None:
+        """New writes get 503 SlowDown (retried by every SDK) while shutting down."""
+        if not self.is_accepting_writes:
+            raise SlowDown("The gateway is shutting down; retry against another endpoint.")
+
+
+SERVICES = web.AppKey("s3_services", S3Services)
+Handler = Callable[[web.Request, Any, S3Services, AuthContext], Awaitable[web.StreamResponse]]
+HANDLERS: dict[type[ops.Operation], Handler] = {}
+
+
+def handles(op_type: type[ops.Operation]) -> Callable[[Handler], Handler]:
+    """Register a handler for one operation type (used by the handlers modules)."""
+
+    def register(fn: Handler) -> Handler:
+        HANDLERS[op_type] = fn
+        return fn
+
+    return register
+
+
+async def dispatch(request: web.Request) -> web.StreamResponse:
+    svc = request.app[SERVICES]
+    raw_path, _, raw_query = request.raw_path.partition("?")
+    auth = verify_request(
+        request.method, raw_path, raw_query, request.headers, svc.credentials, svc.clock.wall()
+    )
+    query = dict(parse_qsl(raw_query, keep_blank_values=True))
+    op = parse_operation(
+        request.method, request.host, raw_path, query, request.headers, domain=svc.domain
+    )
+    handler = HANDLERS.get(type(op))
+    if handler is None:
+        name = op.name if isinstance(op, ops.Unsupported) else type(op).__name__
+        raise NotImplementedError_(f"{name} is not implemented by this gateway.")
+    return await handler(request, op, svc, auth)

@@ -1,0 +1,1 @@
+"""Local NVMe edge: bodies as files (``blobs``) and the SQLite journal (``journal``)."""

@@ -1,0 +1,189 @@
+"""BlobStore: request bodies as files on local disk, named by an internal id, never by key.
+
+Durability order for one blob (Linux rules): write to ``tmp/<id>``, ``fsync(file)``,
+``rename`` into ``blobs/<id[:2]>/<id>``, ``fsync(blobs/<id[:2]>)`` so the directory entry
+survives a power cut. Only then may the caller commit the journal row that references it, and
+only after that COMMIT may it acknowledge. A crash before COMMIT leaves an unreferenced file,
+which ``sweep`` removes at the next start; ``tmp/`` is emptied at every start.
+
+With ``fsync=False`` (``durability=none``) both fsyncs are skipped: an acknowledged write
+survives a process crash (the page cache keeps it) but not a power cut or kernel panic.
+
+Blocking work (write, hash, fsync, rename) runs in worker threads; the event loop only moves
+buffers. Hashing happens in the same thread as the write, overlapping with the next read
+from the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.checksums import Hasher, new_hasher
+from gateway.errors import EntityTooLarge
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenBlob:
+    """A blob that is durable on disk (when fsync is on) but not yet referenced."""
+
+    blob_id: str
+    size_bytes: int
+    digests: dict[str, bytes]  # algorithm -> raw digest
+
+
+class BlobStore:
+    """Bodies on local disk under ``root``.
+
+    Contract: ``write`` MUST NOT return before the file and its directory entry are durable
+    (when ``fsync``). Files are immutable once written. ``discard`` MUST only be called for a
+    blob no committed journal row references (or no longer references). Readers open files by
+    id; an unlink after a newer version commits does not disturb an already-open descriptor.
+    """
+
+    def __init__(self, root: Path, *, fsync: bool = True, piece_bytes: int = 1 * MiB) -> None:
+        self.root = root
+        self.fsync = fsync
+        self.piece_bytes = piece_bytes
+        self._tmp = root / "tmp"
+        self._blobs = root / "blobs"
+        self._dir_fds: dict[str, int] = {}
+
+    def open_store(self) -> None:
+        """Create the layout and keep one fd per fan-out directory for cheap dir fsyncs."""
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        self._blobs.mkdir(parents=True, exist_ok=True)
+        for i in range(256):
+            name = f"{i:02x}"
+            path = self._blobs / name
+            path.mkdir(exist_ok=True)
+            self._dir_fds[name] = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        if self.fsync:
+            for path in (self.root, self._blobs):
+                _fsync_dir(path)
+        for leftover in self._tmp.iterdir():
+            leftover.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for fd in self._dir_fds.values():
+            os.close(fd)
+        self._dir_fds.clear()
+
+    def path(self, blob_id: str) -> Path:
+        return self._blobs / blob_id[:2] / blob_id
+
+    async def write(
+        self,
+        chunks: AsyncIterator[bytes],
+        algorithms: Iterable[str],
+        *,
+        max_bytes: int | None = None,
+    ) -> WrittenBlob:
+        """Stream ``chunks`` into a new blob, hashing with each algorithm in ``algorithms``.
+
+        Raises EntityTooLarge past ``max_bytes``; on any exception the partial file is removed.
+        """
+        blob_id = secrets.token_hex(16)
+        tmp_path = self._tmp / blob_id
+        hashers = {name: new_hasher(name) for name in set(algorithms)}
+        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        loop = asyncio.get_running_loop()
+        size = 0
+        buf = bytearray()
+        in_flight: asyncio.Future[None] | None = None
+        try:
+            async for chunk in chunks:
+                size += len(chunk)
+                if max_bytes is not None and size > max_bytes:
+                    raise EntityTooLarge()
+                buf += chunk
+                if len(buf) >= self.piece_bytes:
+                    # Double buffering: the previous piece is written while this one filled.
+                    if in_flight is not None:
+                        await in_flight
+                    in_flight = loop.run_in_executor(None, _write_piece, fd, bytes(buf), hashers)
+                    buf.clear()
+            if in_flight is not None:
+                await in_flight
+                in_flight = None
+            final_path = self.path(blob_id)
+            dir_fd = self._dir_fds[blob_id[:2]]
+            await asyncio.to_thread(
+                self._finish, fd, bytes(buf), hashers, tmp_path, final_path, dir_fd
+            )
+        except BaseException:
+            if in_flight is not None:
+                with contextlib.suppress(BaseException):
+                    await in_flight
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            tmp_path.unlink(missing_ok=True)
+            raise
+        return WrittenBlob(blob_id, size, {n: h.digest() for n, h in hashers.items()})
+
+    def _finish(
+        self,
+        fd: int,
+        tail: bytes,
+        hashers: dict[str, Hasher],
+        tmp_path: Path,
+        final_path: Path,
+        dir_fd: int,
+    ) -> None:
+        try:
+            _write_piece(fd, tail, hashers)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp_path, final_path)
+        if self.fsync:
+            os.fsync(dir_fd)
+
+    async def discard(self, blob_ids: Iterable[str]) -> None:
+        """Unlink blobs no committed row references. Missing files are fine (idempotent)."""
+        ids = list(blob_ids)
+        if ids:
+            await asyncio.to_thread(self._unlink_all, ids)
+
+    def _unlink_all(self, blob_ids: list[str]) -> None:
+        for blob_id in blob_ids:
+            self.path(blob_id).unlink(missing_ok=True)
+
+    def sweep(self, referenced: set[str]) -> int:
+        """Remove blob files that no journal row references (crash leftovers). Blocking."""
+        removed = 0
+        for sub in self._blobs.iterdir():
+            for entry in sub.iterdir():
+                if entry.name not in referenced:
+                    entry.unlink(missing_ok=True)
+                    removed += 1
+        return removed
+
+    def used_bytes(self) -> int:
+        """Bytes of all blob files (a scan; for startup and tests, not the hot path)."""
+        return sum(e.stat().st_size for sub in self._blobs.iterdir() for e in sub.iterdir())
+
+
+def _write_piece(fd: int, data: bytes, hashers: dict[str, Hasher]) -> None:
+    view = memoryview(data)
+    for hasher in hashers.values():
+        hasher.update(view)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,489 @@
+"""Journal: the durable record of every acknowledged write and delete (SQLite, WAL mode).
+
+One row per (bucket, key) holds the newest acknowledged version, or a tombstone for a delete
+that has not reached the upstream yet. The row's ``state`` is the flush queue: ``pending``
+rows are claimed by the flusher (``flushing``), then become ``durable`` (tombstones are then
+removed) or ``failed``. Because pending state lives here, a restart resumes flushing.
+
+Durability order: the caller writes and fsyncs the blob first, then ``commit_put`` commits the
+row (``synchronous=FULL``: the WAL is fsynced before COMMIT returns), then the caller acks,
+then it unlinks the superseded blob that ``commit_put`` returned.
+
+Threads: all writes go through one ``GroupWriter`` thread (group commit); reads use a small
+pool of read-only connections, which in WAL mode see every committed write at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gateway.models import BucketInfo, FlushState, LocalObject, ObjectMeta
+from gateway.store.sqlite_writer import GroupWriter
+
+T = TypeVar("T")
+
+_COLUMNS = (
+    "bucket, key, seq, state, is_delete, blob_id, size_bytes, etag, last_modified_s, "
+    "content_type, user_metadata, headers, checksums, attempts, last_error"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """Totals of what is not durable upstream yet."""
+
+    pending_objects: int
+    pending_bytes: int
+    flushing_objects: int
+    failed_objects: int
+    oldest_acked_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    backlog: Backlog
+    flushed_objects: int
+    flushed_bytes: int
+    cached_bytes: int
+
+
+class Journal:
+    """The SQLite journal. Contract:
+
+    - ``commit_*`` MUST only be called after the referenced blob is durable; they return
+      once the row is durable. They return superseded blob ids, which the caller MUST unlink
+      only after the call returns (never before COMMIT).
+    - A flush outcome (``mark_durable``/``retry_later``/``mark_failed``) applies only if the
+      row still carries the uploaded ``seq``; otherwise a newer write superseded it and the
+      call is a no-op (the newer version flushes next).
+    - ``pending_event`` is set whenever pending work may have appeared; ``changed`` is
+      notified after every flush outcome (drain waiters re-check).
+    """
+
+    def __init__(self, path: Path, *, fsync: bool = True, readers: int = 2) -> None:
+        self.path = path
+        self.fsync = fsync
+        self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="journal-read")
+        self._local = threading.local()
+        self._writer: GroupWriter | None = None
+        self._next_seq = 1
+        self.pending_event = asyncio.Event()
+        self.changed = asyncio.Condition()
+
+    # -- lifecycle (blocking; called once at startup / shutdown) -------------------------
+
+    def open(self) -> set[str]:
+        """Create or migrate the schema, run recovery, return every referenced blob id."""
+        conn = self._connect()
+        conn.executescript(resources.files("gateway.store").joinpath("schema.sql").read_text())
+        # Recovery: uploads in flight when the process died never completed as far as we know.
+        conn.execute("UPDATE objects SET state = 'pending' WHERE state = 'flushing'")
+        row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM objects").fetchone()
+        self._next_seq = int(row[0]) + 1
+        blobs = {
+            r[0] for r in conn.execute("SELECT blob_id FROM objects WHERE blob_id IS NOT NULL")
+        }
+        self._writer = GroupWriter(conn)
+        self.pending_event.set()
+        return blobs
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._readers.shutdown(wait=True)
+
+    def _connect(self, *, readonly: bool = False) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {'FULL' if self.fsync else 'OFF'}")
+        conn.execute("PRAGMA busy_timeout = 10000")
+        if readonly:
+            conn.execute("PRAGMA query_only = ON")
+        return conn
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    async def _write(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        assert self._writer is not None, "journal is not open"
+        return await self._writer.submit(op)
+
+    async def _read(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, self._with_reader, op)
+
+    def _with_reader(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect(readonly=True)
+            self._local.conn = conn
+        return op(conn)
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    # -- acknowledged writes -----------------------------------------------------------------
+
+    async def commit_put(
+        self, meta: ObjectMeta, blob_id: str, acked_s: float
+    ) -> tuple[LocalObject, str | None]:
+        """Make ``meta`` (body in ``blob_id``) the newest version of its key, state pending.
+
+        Returns the new row and the superseded blob id (to unlink after this returns).
+        """
+        result = await self._write(lambda c: self._upsert(c, meta, blob_id, False, acked_s))
+        self.pending_event.set()
+        return result
+
+    async def commit_delete(
+        self, bucket: str, key: str, acked_s: float
+    ) -> tuple[LocalObject, str | None]:
+        """Record a delete of ``key`` (a pending tombstone). Returns it and the superseded blob."""
+        meta = ObjectMeta(bucket=bucket, key=key, size_bytes=0, etag="", last_modified_s=acked_s)
+        result = await self._write(lambda c: self._upsert(c, meta, None, True, acked_s))
+        self.pending_event.set()
+        return result
+
+    def _upsert(
+        self,
+        conn: sqlite3.Connection,
+        meta: ObjectMeta,
+        blob_id: str | None,
+        is_delete: bool,
+        acked_s: float,
+    ) -> tuple[LocalObject, str | None]:
+        old = conn.execute(
+            "SELECT blob_id FROM objects WHERE bucket = ? AND key = ?", (meta.bucket, meta.key)
+        ).fetchone()
+        seq = self._next_seq
+        conn.execute(
+            f"INSERT OR REPLACE INTO objects ({_COLUMNS}, not_before_s, acked_s) "
+            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, 0, ?)",
+            (
+                meta.bucket,
+                meta.key,
+                seq,
+                int(is_delete),
+                blob_id,
+                meta.size_bytes,
+                meta.etag,
+                meta.last_modified_s,
+                meta.content_type,
+                json.dumps(dict(meta.user_metadata)),
+                json.dumps(dict(meta.headers)),
+                json.dumps(dict(meta.checksums)),
+                acked_s,
+            ),
+        )
+        # Only advance once the statement succeeded (a failed op is rolled back alone).
+        self._next_seq = seq + 1
+        row = LocalObject(
+            meta=meta, seq=seq, state=FlushState.PENDING, blob_id=blob_id, is_delete=is_delete
+        )
+        return row, (old[0] if old else None)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def get(self, bucket: str, key: str) -> LocalObject | None:
+        """The local row for a key (a version or a tombstone), or None if the key is not local."""
+
+        def op(conn: sqlite3.Connection) -> LocalObject | None:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM objects WHERE bucket = ? AND key = ?", (bucket, key)
+            ).fetchone()
+            return _row(row) if row else None
+
+        return await self._read(op)
+
+    async def scan(self, bucket: str, prefix: str, after: str, limit: int) -> list[LocalObject]:
+        """Rows of ``bucket`` whose key starts with ``prefix`` and sorts after ``after``,
+        in S3 (UTF-8 binary) order, tombstones included. At most ``limit`` rows."""
+
+        def op(conn: sqlite3.Connection) -> list[LocalObject]:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM objects WHERE bucket = ? AND key > ? AND key >= ? "
+                "AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?",
+                (bucket, after, prefix, len(prefix), prefix, limit),
+            ).fetchall()
+            return [_row(r) for r in rows]
+
+        return await self._read(op)
+
+    async def has_unflushed(self, bucket: str) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT 1 FROM objects WHERE bucket = ? AND state != 'durable' LIMIT 1", (bucket,)
+            ).fetchone()
+            return row is not None
+
+        return await self._read(op)
+
+    # -- the flush queue ------------------------------------------------------------------
+
+    async def claim(self, limit: int, now_s: float) -> list[LocalObject]:
+        """Move up to ``limit`` eligible pending rows (oldest ack first) to ``flushing``."""
+
+        def op(conn: sqlite3.Connection) -> list[LocalObject]:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM objects WHERE state = 'pending' AND not_before_s <= ? "
+                "ORDER BY seq LIMIT ?",
+                (now_s, limit),
+            ).fetchall()
+            claimed = [_row(r) for r in rows]
+            conn.executemany(
+                "UPDATE objects SET state = 'flushing' WHERE bucket = ? AND key = ? AND seq = ?",
+                [(o.meta.bucket, o.meta.key, o.seq) for o in claimed],
+            )
+            return [_with_state(o, FlushState.FLUSHING) for o in claimed]
+
+        return await self._write(op)
+
+    async def mark_durable(self, obj: LocalObject) -> bool:
+        """The upstream has ``obj``'s version. Tombstones are dropped. False if superseded."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            key = (obj.meta.bucket, obj.meta.key, obj.seq)
+            if obj.is_delete:
+                cur = conn.execute(
+                    "DELETE FROM objects WHERE bucket = ? AND key = ? AND seq = ?", key
+                )
+            else:
+                cur = conn.execute(
+                    "UPDATE objects SET state = 'durable', last_error = NULL "
+                    "WHERE bucket = ? AND key = ? AND seq = ?",
+                    key,
+                )
+            if cur.rowcount:
+                _bump(conn, "flushed_objects", 1)
+                _bump(conn, "flushed_bytes", obj.meta.size_bytes)
+            return cur.rowcount > 0
+
+        done = await self._write(op)
+        await self._notify()
+        return done
+
+    async def retry_later(self, obj: LocalObject, error: str, not_before_s: float) -> None:
+        """A transient failure: back to pending, eligible again at ``not_before_s`` (wall)."""
+        await self._write(
+            lambda c: c.execute(
+                "UPDATE objects SET state = 'pending', attempts = attempts + 1, last_error = ?, "
+                "not_before_s = ? WHERE bucket = ? AND key = ? AND seq = ?",
+                (error, not_before_s, obj.meta.bucket, obj.meta.key, obj.seq),
+            )
+        )
+        self.pending_event.set()
+        await self._notify()
+
+    async def mark_failed(self, obj: LocalObject, error: str) -> None:
+        """A permanent failure: kept as ``failed`` until an operator asks for a retry."""
+        await self._write(
+            lambda c: c.execute(
+                "UPDATE objects SET state = 'failed', attempts = attempts + 1, last_error = ? "
+                "WHERE bucket = ? AND key = ? AND seq = ?",
+                (error, obj.meta.bucket, obj.meta.key, obj.seq),
+            )
+        )
+        await self._notify()
+
+    async def release(self, objs: list[LocalObject]) -> None:
+        """Give claimed rows back (shutdown): ``flushing`` -> ``pending``, no attempt counted."""
+        await self._write(
+            lambda c: c.executemany(
+                "UPDATE objects SET state = 'pending' WHERE bucket = ? AND key = ? AND seq = ? "
+                "AND state = 'flushing'",
+                [(o.meta.bucket, o.meta.key, o.seq) for o in objs],
+            )
+        )
+
+    async def retry_failed(self) -> int:
+        """Operator request: every failed row becomes pending again. Returns how many."""
+        count = await self._write(
+            lambda c: (
+                c.execute(
+                    "UPDATE objects SET state = 'pending', not_before_s = 0 WHERE state = 'failed'"
+                ).rowcount
+            )
+        )
+        self.pending_event.set()
+        return int(count)
+
+    # -- figures --------------------------------------------------------------------------
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the newest acknowledged write: a drain fence."""
+        return self._next_seq - 1
+
+    async def unflushed(self, bucket: str | None, prefix: str, max_seq: int) -> tuple[int, int]:
+        """Objects and bytes acknowledged at or before ``max_seq`` not yet durable upstream."""
+
+        def op(conn: sqlite3.Connection) -> tuple[int, int]:
+            sql = (
+                "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM objects "
+                "WHERE state != 'durable' AND seq <= ? AND substr(key, 1, ?) = ?"
+            )
+            args: list[Any] = [max_seq, len(prefix), prefix]
+            if bucket is not None:
+                sql += " AND bucket = ?"
+                args.append(bucket)
+            n, size = conn.execute(sql, args).fetchone()
+            return int(n), int(size)
+
+        return await self._read(op)
+
+    async def stats(self) -> Stats:
+        return await self._read(_stats)
+
+    async def lanes(self) -> list[tuple[str, str, int, int]]:
+        """Unflushed objects and bytes by (bucket, first path segment): the prefix lanes."""
+
+        def op(conn: sqlite3.Connection) -> list[tuple[str, str, int, int]]:
+            rows = conn.execute(
+                "SELECT bucket, CASE WHEN instr(key, '/') > 0 THEN substr(key, 1, instr(key, '/')) "
+                "ELSE '' END AS lane, COUNT(*), COALESCE(SUM(size_bytes), 0) FROM objects "
+                "WHERE state != 'durable' GROUP BY bucket, lane ORDER BY bucket, lane"
+            ).fetchall()
+            return [(str(b), str(p), int(n), int(s)) for b, p, n, s in rows]
+
+        return await self._read(op)
+
+    async def failed(self, limit: int = 100) -> list[LocalObject]:
+        def op(conn: sqlite3.Connection) -> list[LocalObject]:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM objects WHERE state = 'failed' ORDER BY seq LIMIT ?",
+                (limit,),
+            ).fetchall()
+            return [_row(r) for r in rows]
+
+        return await self._read(op)
+
+    # -- buckets ---------------------------------------------------------------------------
+
+    async def known_bucket(self, name: str) -> bool:
+        return await self._read(
+            lambda c: (
+                c.execute("SELECT 1 FROM buckets WHERE name = ?", (name,)).fetchone() is not None
+            )
+        )
+
+    async def remember_bucket(self, bucket: BucketInfo) -> None:
+        await self._write(
+            lambda c: c.execute(
+                "INSERT OR IGNORE INTO buckets (name, created_s) VALUES (?, ?)",
+                (bucket.name, bucket.created_s),
+            )
+        )
+
+    async def forget_bucket(self, name: str) -> list[str]:
+        """Drop a bucket and its (durable) rows; returns blob ids to unlink."""
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            blobs = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT blob_id FROM objects WHERE bucket = ? AND blob_id IS NOT NULL", (name,)
+                )
+            ]
+            conn.execute("DELETE FROM objects WHERE bucket = ?", (name,))
+            conn.execute("DELETE FROM buckets WHERE name = ?", (name,))
+            return blobs
+
+        return await self._write(op)
+
+
+def _stats(conn: sqlite3.Connection) -> Stats:
+    by_state = {
+        state: (int(n), int(size), oldest)
+        for state, n, size, oldest in conn.execute(
+            "SELECT state, COUNT(*), COALESCE(SUM(size_bytes), 0), MIN(acked_s) FROM objects "
+            "WHERE state != 'durable' GROUP BY state"
+        )
+    }
+    oldest = [v[2] for v in by_state.values() if v[2] is not None]
+    backlog = Backlog(
+        pending_objects=sum(v[0] for v in by_state.values()),
+        pending_bytes=sum(v[1] for v in by_state.values()),
+        flushing_objects=by_state.get("flushing", (0, 0, None))[0],
+        failed_objects=by_state.get("failed", (0, 0, None))[0],
+        oldest_acked_s=min(oldest) if oldest else None,
+    )
+    counters = dict(conn.execute("SELECT name, value FROM counters"))
+    cached = conn.execute(
+        "SELECT COALESCE(SUM(size_bytes), 0) FROM objects WHERE blob_id IS NOT NULL"
+    ).fetchone()[0]
+    return Stats(
+        backlog,
+        int(counters.get("flushed_objects", 0)),
+        int(counters.get("flushed_bytes", 0)),
+        int(cached),
+    )
+
+
+def _bump(conn: sqlite3.Connection, name: str, by: int) -> None:
+    conn.execute(
+        "INSERT INTO counters (name, value) VALUES (?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+        (name, by),
+    )
+
+
+def _row(r: tuple[Any, ...]) -> LocalObject:
+    (
+        bucket,
+        key,
+        seq,
+        state,
+        is_delete,
+        blob_id,
+        size,
+        etag,
+        mtime,
+        ctype,
+        umeta,
+        headers,
+        checksums,
+        attempts,
+        last_error,
+    ) = r
+    meta = ObjectMeta(
+        bucket=bucket,
+        key=key,
+        size_bytes=size,
+        etag=etag,
+        last_modified_s=mtime,
+        content_type=ctype,
+        user_metadata=json.loads(umeta),
+        headers=json.loads(headers),
+        checksums=json.loads(checksums),
+    )
+    return LocalObject(
+        meta=meta,
+        seq=seq,
+        state=FlushState(state),
+        blob_id=blob_id,
+        is_delete=bool(is_delete),
+        attempts=attempts,
+        last_error=last_error,
+    )
+
+
+def _with_state(obj: LocalObject, state: FlushState) -> LocalObject:
+    return LocalObject(
+        meta=obj.meta,
+        seq=obj.seq,
+        state=state,
+        blob_id=obj.blob_id,
+        is_delete=obj.is_delete,
+        attempts=obj.attempts,
+        last_error=obj.last_error,
+    )

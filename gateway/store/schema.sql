@@ -1,0 +1,35 @@
+-- The journal: one row per (bucket, key) holding the newest acknowledged version or delete.
+-- seq is the global acknowledgement order (and the version's generation): a flush result is
+-- applied only if the row still has the seq that was uploaded.
+CREATE TABLE IF NOT EXISTS objects (
+    bucket          TEXT    NOT NULL,
+    key             TEXT    NOT NULL,
+    seq             INTEGER NOT NULL,
+    state           TEXT    NOT NULL,          -- pending | flushing | durable | failed
+    is_delete       INTEGER NOT NULL DEFAULT 0,-- 1: a tombstone (delete not yet upstream)
+    blob_id         TEXT,                      -- NULL for tombstones
+    size_bytes      INTEGER NOT NULL,
+    etag            TEXT    NOT NULL,
+    last_modified_s REAL    NOT NULL,
+    content_type    TEXT    NOT NULL,
+    user_metadata   TEXT    NOT NULL,          -- JSON object
+    headers         TEXT    NOT NULL,          -- JSON object
+    checksums       TEXT    NOT NULL,          -- JSON object
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    last_error      TEXT,
+    not_before_s    REAL    NOT NULL DEFAULT 0,-- wall clock: earliest next flush attempt
+    acked_s         REAL    NOT NULL,          -- wall clock of the acknowledgement
+    PRIMARY KEY (bucket, key)
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS objects_by_state ON objects (state, seq);
+
+CREATE TABLE IF NOT EXISTS buckets (
+    name      TEXT PRIMARY KEY,
+    created_s REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS counters (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;

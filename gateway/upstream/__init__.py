@@ -1,0 +1,1 @@
+"""The real bucket: the only package that talks to the upstream S3 (via aiobotocore)."""

@@ -1,0 +1,236 @@
+"""Upstream: the seam to the real bucket, and its aiobotocore implementation.
+
+The SDK's own retries are off: the flusher owns backoff (one policy, no double retries).
+Request checksums are only computed when required: the flusher sends Content-MD5 it already
+has from ingest, so botocore never re-reads a body to hash it (over https).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from gateway.errors import NoSuchBucket, S3Error
+from gateway.models import BucketInfo, ListEntry, ObjectMeta
+from gateway.upstream.classify import for_client, for_flush
+
+T = TypeVar("T")
+_STREAM_PIECE_BYTES = 1 << 20
+# Stored system headers and the put_object parameter that sends each upstream.
+_HEADER_PARAMS = {
+    "content-encoding": "ContentEncoding",
+    "content-disposition": "ContentDisposition",
+    "content-language": "ContentLanguage",
+    "cache-control": "CacheControl",
+    "expires": "Expires",
+}
+
+
+@dataclass(slots=True)
+class UpstreamObject:
+    """A streamed upstream GET: ``chunks()`` must be consumed or ``close()`` called."""
+
+    meta: ObjectMeta
+    _body: Any
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            while piece := await self._body.read(_STREAM_PIECE_BYTES):
+                yield piece
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class Upstream(Protocol):
+    """The real bucket.
+
+    Write calls (``put_object``, ``delete_object``) MUST raise only ``FlushError`` subclasses
+    (Throttled, Retryable, Fatal). Read and bucket calls MUST raise only ``S3Error`` (the
+    upstream's code passed through, or ServiceUnavailable when it cannot be reached).
+    """
+
+    async def put_object(self, meta: ObjectMeta, path: Path) -> str: ...
+
+    async def delete_object(self, bucket: str, key: str) -> None: ...
+
+    async def head_object(self, bucket: str, key: str) -> ObjectMeta: ...
+
+    async def get_object(self, bucket: str, key: str) -> UpstreamObject: ...
+
+    async def list_page(
+        self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
+    ) -> tuple[list[ListEntry], bool]: ...
+
+    async def head_bucket(self, bucket: str) -> None: ...
+
+    async def list_buckets(self) -> list[BucketInfo]: ...
+
+    async def create_bucket(self, bucket: str, location: str | None) -> None: ...
+
+    async def delete_bucket(self, bucket: str) -> None: ...
+
+
+class AiobotocoreUpstream:
+    """Upstream over aiobotocore. ``start()`` inside the event loop, ``close()`` at shutdown."""
+
+    def __init__(
+        self,
+        *,
+        endpoint_url: str | None,
+        region: str,
+        addressing_style: str = "auto",
+        max_connections: int = 64,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+    ) -> None:
+        self._endpoint_url = endpoint_url
+        self._region = region
+        self._config = AioConfig(
+            retries={"total_max_attempts": 1},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            max_pool_connections=max_connections,
+            s3={"addressing_style": addressing_style},
+            connect_timeout=10,
+            read_timeout=120,
+        )
+        # Explicit keys only for the embedded demo upstream; otherwise the standard chain.
+        self._keys = (access_key, secret_key)
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+
+    async def start(self) -> None:
+        session = get_session()
+        kwargs: dict[str, Any] = {}
+        if self._keys[0] is not None:
+            kwargs = {"aws_access_key_id": self._keys[0], "aws_secret_access_key": self._keys[1]}
+        self._client = await self._stack.enter_async_context(
+            session.create_client(
+                "s3",
+                endpoint_url=self._endpoint_url,
+                region_name=self._region,
+                config=self._config,
+                **kwargs,
+            )
+        )
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+    # -- writes (flush) --------------------------------------------------------------------
+
+    async def put_object(self, meta: ObjectMeta, path: Path) -> str:
+        params: dict[str, Any] = {
+            "Bucket": meta.bucket,
+            "Key": meta.key,
+            "ContentLength": meta.size_bytes,
+            "ContentType": meta.content_type,
+            "Metadata": dict(meta.user_metadata),
+            "ContentMD5": base64.b64encode(bytes.fromhex(meta.etag)).decode("ascii"),
+        }
+        for name, param in _HEADER_PARAMS.items():
+            if name in meta.headers:
+                params[param] = meta.headers[name]
+        try:
+            with path.open("rb") as body:
+                resp = await self._client.put_object(Body=body, **params)
+        except Exception as exc:  # classified: the flusher decides what it means
+            raise for_flush(exc) from exc
+        return str(resp.get("ETag", "")).strip('"')
+
+    async def delete_object(self, bucket: str, key: str) -> None:
+        try:
+            await self._client.delete_object(Bucket=bucket, Key=key)
+        except Exception as exc:
+            raise for_flush(exc) from exc
+
+    # -- reads (read-through) --------------------------------------------------------------
+
+    async def head_object(self, bucket: str, key: str) -> ObjectMeta:
+        resp = await self._call(lambda: self._client.head_object(Bucket=bucket, Key=key))
+        return _meta(bucket, key, resp)
+
+    async def get_object(self, bucket: str, key: str) -> UpstreamObject:
+        resp = await self._call(lambda: self._client.get_object(Bucket=bucket, Key=key))
+        return UpstreamObject(_meta(bucket, key, resp), resp["Body"])
+
+    async def list_page(
+        self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
+    ) -> tuple[list[ListEntry], bool]:
+        params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": max_keys}
+        if delimiter:
+            params["Delimiter"] = delimiter
+        if start_after:
+            params["StartAfter"] = start_after
+        resp = await self._call(lambda: self._client.list_objects_v2(**params))
+        entries = [
+            ListEntry(
+                name=o["Key"],
+                size_bytes=int(o.get("Size", 0)),
+                etag=str(o.get("ETag", "")).strip('"'),
+                last_modified_s=o["LastModified"].timestamp(),
+            )
+            for o in resp.get("Contents", [])
+        ]
+        entries += [
+            ListEntry(name=p["Prefix"], is_prefix=True) for p in resp.get("CommonPrefixes", [])
+        ]
+        entries.sort(key=lambda e: e.name)
+        return entries, bool(resp.get("IsTruncated", False))
+
+    # -- buckets (passed through) ----------------------------------------------------------
+
+    async def head_bucket(self, bucket: str) -> None:
+        try:
+            await self._call(lambda: self._client.head_bucket(Bucket=bucket))
+        except S3Error as exc:
+            if exc.status == 404:
+                raise NoSuchBucket(BucketName=bucket) from exc
+            raise
+
+    async def list_buckets(self) -> list[BucketInfo]:
+        resp = await self._call(lambda: self._client.list_buckets())
+        return [
+            BucketInfo(b["Name"], b["CreationDate"].timestamp()) for b in resp.get("Buckets", [])
+        ]
+
+    async def create_bucket(self, bucket: str, location: str | None) -> None:
+        params: dict[str, Any] = {"Bucket": bucket}
+        if location:
+            params["CreateBucketConfiguration"] = {"LocationConstraint": location}
+        await self._call(lambda: self._client.create_bucket(**params))
+
+    async def delete_bucket(self, bucket: str) -> None:
+        await self._call(lambda: self._client.delete_bucket(Bucket=bucket))
+
+    async def _call(self, fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        try:
+            return await fn()
+        except Exception as exc:  # translated for the S3 client in one place
+            raise for_client(exc) from exc
+
+
+def _meta(bucket: str, key: str, resp: dict[str, Any]) -> ObjectMeta:
+    headers = {name: str(resp[param]) for name, param in _HEADER_PARAMS.items() if param in resp}
+    if "Expires" in resp and not isinstance(resp["Expires"], str):
+        headers["expires"] = resp["ResponseMetadata"]["HTTPHeaders"].get("expires", "")
+    return ObjectMeta(
+        bucket=bucket,
+        key=key,
+        size_bytes=int(resp.get("ContentLength", 0)),
+        etag=str(resp.get("ETag", "")).strip('"'),
+        last_modified_s=resp["LastModified"].timestamp(),
+        content_type=str(resp.get("ContentType", "binary/octet-stream")),
+        user_metadata=dict(resp.get("Metadata", {})),
+        headers=headers,
+    )
