@@ -55,7 +55,7 @@ async def s3_errors(request: web.Request, handler: Handler) -> web.StreamRespons
     try:
         return await handler(request)
     except S3Error as exc:
-        level = logging.ERROR if exc.status >= 500 and exc.status != 503 else logging.INFO
+        level = logging.ERROR if exc.code == "InternalError" else logging.INFO
         log.log(
             level,
             "%s %s -> %d %s: %s",

@@ -1,0 +1,127 @@
+"""Journal: versions, tombstones, the flush queue, recovery after a crash, drain figures."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.models import FlushState, ObjectMeta
+from gateway.store.journal import Journal
+
+
+def meta(key: str, size: int = 10, etag: str = "e") -> ObjectMeta:
+    return ObjectMeta(bucket="b", key=key, size_bytes=size, etag=etag, last_modified_s=1.0,
+                      user_metadata={"m": "v"}, checksums={"crc32": "AAAAAA=="})
+
+
+@pytest.fixture
+async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
+    j = Journal(tmp_path / "j.db", fsync=False)
+    j.open()
+    yield j
+    j.close()
+
+
+async def test_journal_put_supersedes_and_returns_old_blob(journal: Journal) -> None:
+    first, old = await journal.commit_put(meta("k"), "blob1", 1.0)
+    assert old is None
+    second, old = await journal.commit_put(meta("k", etag="f"), "blob2", 2.0)
+    assert old == "blob1"
+    assert second.seq > first.seq
+    row = await journal.get("b", "k")
+    assert row is not None and row.blob_id == "blob2" and row.meta.etag == "f"
+    assert row.meta.user_metadata == {"m": "v"} and row.meta.checksums == {"crc32": "AAAAAA=="}
+
+
+async def test_journal_outcome_ignored_for_superseded_version(journal: Journal) -> None:
+    await journal.commit_put(meta("k"), "blob1", 1.0)
+    [claimed] = await journal.claim(10, now_s=10.0)
+    await journal.commit_put(meta("k", etag="new"), "blob2", 2.0)
+    assert await journal.mark_durable(claimed) is False
+    row = await journal.get("b", "k")
+    assert row is not None and row.state is FlushState.PENDING and row.meta.etag == "new"
+
+
+async def test_journal_tombstone_removed_when_durable(journal: Journal) -> None:
+    await journal.commit_put(meta("k"), "blob1", 1.0)
+    _, old = await journal.commit_delete("b", "k", 2.0)
+    assert old == "blob1"
+    [claimed] = await journal.claim(10, now_s=10.0)
+    assert claimed.is_delete
+    assert await journal.mark_durable(claimed)
+    assert await journal.get("b", "k") is None
+
+
+async def test_journal_claim_order_and_backoff(journal: Journal) -> None:
+    for name in ("z", "a", "m"):
+        await journal.commit_put(meta(name), f"blob-{name}", 1.0)
+    claimed = await journal.claim(2, now_s=10.0)
+    assert [c.meta.key for c in claimed] == ["z", "a"]  # acknowledgement order, not key order
+    await journal.retry_later(claimed[0], "SlowDown", not_before_s=100.0)
+    later = await journal.claim(10, now_s=50.0)
+    assert [c.meta.key for c in later] == ["m"]
+    again = await journal.claim(10, now_s=150.0)
+    assert [(c.meta.key, c.attempts) for c in again] == [("z", 1)]
+
+
+async def test_journal_failed_kept_until_retry(journal: Journal) -> None:
+    await journal.commit_put(meta("k"), "blob1", 1.0)
+    [claimed] = await journal.claim(10, now_s=10.0)
+    await journal.mark_failed(claimed, "AccessDenied")
+    assert await journal.claim(10, now_s=10.0) == []
+    [failed] = await journal.failed()
+    assert failed.state is FlushState.FAILED and failed.last_error == "AccessDenied"
+    assert await journal.retry_failed() == 1
+    assert [c.meta.key for c in await journal.claim(10, now_s=10.0)] == ["k"]
+
+
+async def test_journal_recover_moves_flushing_back_to_pending(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    j = Journal(path, fsync=True)
+    j.open()
+    await j.commit_put(meta("k"), "blob1", 1.0)
+    await j.commit_put(meta("gone"), "blob2", 1.0)
+    await j.commit_delete("b", "gone", 2.0)
+    await j.claim(10, now_s=10.0)
+    j.close()
+    reopened = Journal(path, fsync=True)
+    referenced = reopened.open()
+    try:
+        assert referenced == {"blob1"}
+        row = await reopened.get("b", "k")
+        assert row is not None and row.state is FlushState.PENDING
+        tomb = await reopened.get("b", "gone")
+        assert tomb is not None and tomb.is_delete and tomb.state is FlushState.PENDING
+        # Sequence numbers keep increasing across restarts.
+        new, _ = await reopened.commit_put(meta("k2"), "blob3", 3.0)
+        assert new.seq > row.seq
+    finally:
+        reopened.close()
+
+
+async def test_journal_drain_figures_respect_fence_and_prefix(journal: Journal) -> None:
+    await journal.commit_put(meta("ckpt/1/a", size=5), "b1", 1.0)
+    await journal.commit_put(meta("ckpt/1/b", size=7), "b2", 1.0)
+    await journal.commit_put(meta("other/x", size=11), "b3", 1.0)
+    fence = journal.last_seq
+    await journal.commit_put(meta("ckpt/1/c", size=13), "b4", 1.0)
+    assert await journal.unflushed("b", "ckpt/1/", fence) == (2, 12)
+    assert await journal.unflushed(None, "", fence) == (3, 23)
+    assert await journal.unflushed("other-bucket", "", fence) == (0, 0)
+    stats = await journal.stats()
+    assert stats.backlog.pending_objects == 4 and stats.backlog.pending_bytes == 36
+    assert ("b", "ckpt/", 3, 25) in await journal.lanes()
+
+
+async def test_journal_scan_is_sorted_by_utf8_bytes(journal: Journal) -> None:
+    keys = ["b", "a/\u00e9", "a/z", "a/\U0001f600", "a/", "a"]
+    for k in keys:
+        await journal.commit_put(meta(k), "x", 1.0)
+    rows = await journal.scan("b", "a/", "", 100)
+    assert [r.meta.key for r in rows] == sorted(
+        [k for k in keys if k.startswith("a/")], key=lambda s: s.encode()
+    )
+    rows = await journal.scan("b", "a/", "a/z", 100)
+    assert [r.meta.key for r in rows] == ["a/\u00e9", "a/\U0001f600"]
