@@ -144,16 +144,11 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     admin.is_ready = False
     s3.is_accepting_writes = False
     await s3_runner.cleanup()
-    deadline = clock.monotonic() + settings.shutdown_drain_timeout_s
+    started = clock.monotonic()
     if not flusher.is_paused:
-        while clock.monotonic() < deadline:
-            objects, _ = await journal.unflushed(None, "", journal.last_seq)
-            if objects == 0:
-                break
-            async with journal.changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(journal.changed.wait(), 0.5)
-    await flusher.stop(max(0.0, deadline - clock.monotonic()))
+        await journal.wait_flushed(None, "", journal.last_seq, settings.shutdown_drain_timeout_s)
+    left_s = settings.shutdown_drain_timeout_s - (clock.monotonic() - started)
+    await flusher.stop(max(0.0, left_s))
     await flusher_task
     objects, size = await journal.unflushed(None, "", journal.last_seq)
     if objects:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,15 +100,9 @@ async def drain(request: web.Request) -> web.Response:
     wait = request.query.get("wait", "false").lower() in ("1", "true", "yes")
     timeout_s = _float_arg(request, "timeout", 30.0)
     fence = svc.journal.last_seq
-    deadline = svc.clock.monotonic() + timeout_s
-    while True:
-        objects, size = await svc.journal.unflushed(bucket, prefix, fence)
-        left_s = deadline - svc.clock.monotonic()
-        if objects == 0 or not wait or left_s <= 0:
-            break
-        async with svc.journal.changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(svc.journal.changed.wait(), min(left_s, 1.0))
+    objects, size = await svc.journal.wait_flushed(
+        bucket, prefix, fence, timeout_s if wait else 0.0
+    )
     return _json({"drained": objects == 0, "pending_objects": objects, "pending_bytes": size})
 
 

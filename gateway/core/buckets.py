@@ -4,11 +4,13 @@ keep being acknowledged while the upstream is unreachable."""
 from __future__ import annotations
 
 from gateway.clock import Clock
-from gateway.errors import BucketNotEmpty, InvalidBucketName
+from gateway.errors import BucketNotEmpty, InvalidBucketName, SlowDown
 from gateway.models import BucketInfo
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.upstream.client import Upstream
+
+_DELETE_WAIT_S = 10.0
 
 
 class BucketService:
@@ -49,8 +51,14 @@ class BucketService:
 
     async def delete_bucket(self, bucket: str) -> None:
         validate_bucket_name(bucket)
-        if await self._journal.has_unflushed(bucket):
+        if await self._journal.has_unflushed_objects(bucket):
             raise BucketNotEmpty(BucketName=bucket)
+        # Deletes still pending would leave the upstream bucket non-empty: let them land.
+        left, _ = await self._journal.wait_flushed(
+            bucket, "", self._journal.last_seq, _DELETE_WAIT_S
+        )
+        if left:
+            raise SlowDown("Deletes in this bucket are still being flushed; retry shortly.")
         await self._upstream.delete_bucket(bucket)
         self._known.discard(bucket)
         await self._blobs.discard(await self._journal.forget_bucket(bucket))

@@ -16,6 +16,7 @@ pool of read-only connections, which in WAL mode see every committed write at on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import threading
@@ -219,10 +220,14 @@ class Journal:
 
         return await self._read(op)
 
-    async def has_unflushed(self, bucket: str) -> bool:
+    async def has_unflushed_objects(self, bucket: str) -> bool:
+        """Is any version (not a delete) in ``bucket`` still waiting for the upstream?"""
+
         def op(conn: sqlite3.Connection) -> bool:
             row = conn.execute(
-                "SELECT 1 FROM objects WHERE bucket = ? AND state != 'durable' LIMIT 1", (bucket,)
+                "SELECT 1 FROM objects WHERE bucket = ? AND state != 'durable' AND is_delete = 0 "
+                "LIMIT 1",
+                (bucket,),
             ).fetchone()
             return row is not None
 
@@ -340,6 +345,23 @@ class Journal:
             return int(n), int(size)
 
         return await self._read(op)
+
+    async def wait_flushed(
+        self, bucket: str | None, prefix: str, max_seq: int, timeout_s: float
+    ) -> tuple[int, int]:
+        """Wait until ``unflushed(bucket, prefix, max_seq)`` is empty or ``timeout_s`` passes;
+        return what is still unflushed. Woken by every flush outcome (``changed``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            objects, size = await self.unflushed(bucket, prefix, max_seq)
+            left_s = deadline - loop.time()
+            if objects == 0 or left_s <= 0:
+                return objects, size
+            async with self.changed:
+                # The 1 s cap covers a notification that fired between query and wait.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), min(left_s, 1.0))
 
     async def stats(self) -> Stats:
         return await self._read(_stats)
