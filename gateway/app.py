@@ -23,6 +23,7 @@ from gateway.clock import SystemClock
 from gateway.config import Settings
 from gateway.core.buckets import BucketService
 from gateway.core.listing import ListingService
+from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
 from gateway.errors import S3Error
 from gateway.flush.backoff import Backoff
@@ -31,6 +32,7 @@ from gateway.s3.dispatch import S3Services
 from gateway.s3.server import build_s3_app
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
+from gateway.store.uploads import UploadJournal
 from gateway.upstream.client import AiobotocoreUpstream
 
 log = logging.getLogger("gateway")
@@ -108,6 +110,14 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         ),
         buckets=buckets,
         listing=ListingService(journal, upstream),
+        multipart=MultipartService(
+            UploadJournal(journal),
+            blobs,
+            buckets,
+            clock,
+            max_part_bytes=settings.max_object_bytes,
+            min_part_bytes=settings.min_part_bytes,
+        ),
         credentials=credentials,
         region=settings.upstream_region,
         domain=settings.domain,

@@ -92,8 +92,11 @@ class Settings:
     # Full-jitter backoff of failed uploads: first retry within base, capped at max.
     flush_retry_base_s: float = 0.2
     flush_retry_max_s: float = 30.0
-    # Largest single PutObject body accepted (S3's limit is 5 GiB).
+    # Largest single PutObject body or part accepted (S3's limit is 5 GiB).
     max_object_bytes: int = 5 * GiB
+    # Smallest non-last part CompleteMultipartUpload accepts (S3: 5 MiB). The flusher
+    # re-uploads parts as they are, so this must not be below the upstream's own minimum.
+    min_part_bytes: int = 5 * MiB
     # On SIGTERM keep flushing this long before exiting (what is left resumes next start).
     shutdown_drain_timeout_s: float = 30.0
     # Bucket created in the embedded demo upstream.
@@ -125,7 +128,8 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "flush_concurrency": (int, "uploads in flight at once"),
     "flush_retry_base_s": (float, "first retry backoff ceiling, seconds"),
     "flush_retry_max_s": (float, "backoff cap, seconds"),
-    "max_object_bytes": (parse_size, "largest PutObject body"),
+    "max_object_bytes": (parse_size, "largest PutObject body or part"),
+    "min_part_bytes": (parse_size, "smallest non-last multipart part"),
     "shutdown_drain_timeout_s": (float, "seconds to keep flushing after SIGTERM"),
     "demo_bucket": (str, "bucket created in the embedded demo upstream"),
     "log_level": (_choice("debug", "info", "warning", "error"), "log level"),

@@ -256,3 +256,26 @@ def _all_subclasses(cls: type[S3Error]) -> list[type[S3Error]]:
         out.append(sub)
         out.extend(_all_subclasses(sub))
     return out
+
+
+class InvalidPart(S3Error):
+    code = "InvalidPart"
+    status = 400
+    default_message = (
+        "One or more of the specified parts could not be found. The part may not have been "
+        "uploaded, or the specified entity tag may not match the part's entity tag."
+    )
+
+
+class InvalidPartOrder(S3Error):
+    code = "InvalidPartOrder"
+    status = 400
+    default_message = (
+        "The list of parts was not in ascending order. Parts must be ordered by part number."
+    )
+
+
+class EntityTooSmall(S3Error):
+    code = "EntityTooSmall"
+    status = 400
+    default_message = "Your proposed upload is smaller than the minimum allowed object size."

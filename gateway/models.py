@@ -35,16 +35,35 @@ class ObjectMeta:
 
 
 @dataclass(frozen=True, slots=True)
+class PartRef:
+    """One part of a multipart object: its body file, size and MD5 (unquoted hex)."""
+
+    blob_id: str
+    size_bytes: int
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
 class LocalObject:
     """A journal row: the newest local version of a key, or a delete of it (a tombstone)."""
 
     meta: ObjectMeta
     seq: int  # global acknowledgement order; also the version's generation
     state: FlushState
-    blob_id: str | None  # None for tombstones
+    blob_id: str | None  # single-part body; None for tombstones and multipart objects
     is_delete: bool = False
     attempts: int = 0
     last_error: str | None = None
+    parts: tuple[PartRef, ...] = ()  # multipart body, in part order
+
+    @property
+    def blob_ids(self) -> list[str]:
+        """Every body file this version references."""
+        return (
+            [p.blob_id for p in self.parts]
+            if self.parts
+            else ([self.blob_id] if self.blob_id else [])
+        )
 
 
 class RequestBody(Protocol):

@@ -26,7 +26,7 @@ from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.upstream.classify import Fatal, FlushError, Throttled
-from gateway.upstream.client import Upstream
+from gateway.upstream.client import PartSource, Upstream
 
 log = logging.getLogger(__name__)
 _IDLE_POLL_S = 1.0  # re-check for rows whose backoff has expired
@@ -167,13 +167,21 @@ class Flusher:
         if obj.is_delete:
             await self._upstream.delete_object(obj.meta.bucket, obj.meta.key)
             return
-        assert obj.blob_id is not None
-        try:
-            etag = await self._upstream.put_object(obj.meta, self._blobs.path(obj.blob_id))
-        except FileNotFoundError as exc:
-            # Only a superseded version's blob is ever unlinked; recording failure against
-            # its seq is then a no-op. A blob missing for a live row is a real fault.
-            raise Fatal(f"local blob missing: {exc}") from exc
+        with contextlib.ExitStack() as files:
+            try:
+                opened = [files.enter_context(self._blobs.path(b).open("rb")) for b in obj.blob_ids]
+            except FileNotFoundError as exc:
+                # Only a superseded version's blob is ever unlinked, and recording a failure
+                # against its seq is a no-op. A blob missing for a live row is a real fault.
+                raise Fatal(f"local body missing: {exc}") from exc
+            if obj.parts:
+                sources = [
+                    PartSource(f, p.size_bytes, p.etag)
+                    for f, p in zip(opened, obj.parts, strict=True)
+                ]
+                etag = await self._upstream.put_multipart(obj.meta, sources)
+            else:
+                etag = await self._upstream.put_object(obj.meta, opened[0])
         if etag and etag != obj.meta.etag:
             raise Fatal(f"upstream ETag {etag} differs from acknowledged {obj.meta.etag}")
 

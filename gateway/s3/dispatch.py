@@ -12,6 +12,7 @@ from aiohttp import web
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.listing import ListingService
+from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
 from gateway.errors import NotImplementedError_, SlowDown
 from gateway.s3 import operations as ops
@@ -26,6 +27,7 @@ class S3Services:
     objects: ObjectService
     buckets: BucketService
     listing: ListingService
+    multipart: MultipartService
     credentials: Mapping[str, str]
     region: str
     domain: str | None

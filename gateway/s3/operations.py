@@ -81,3 +81,34 @@ class Unsupported(Operation):
     """A valid S3 request for an operation the gateway does not implement (501)."""
 
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreateMultipartUpload(ObjectOperation):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class UploadPart(ObjectOperation):
+    upload_id: str
+    part_number: str  # validated by the service (S3 answers InvalidArgument)
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteMultipartUpload(ObjectOperation):
+    upload_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AbortMultipartUpload(ObjectOperation):
+    upload_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListParts(ObjectOperation):
+    upload_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListMultipartUploads(BucketOperation):
+    pass

@@ -121,6 +121,8 @@ def _bucket_operation(method: str, bucket: str, query: Mapping[str, str]) -> ops
     if sub:
         if method == "GET" and sub == ["location"]:
             return ops.GetBucketLocation(bucket)
+        if method == "GET" and sub == ["uploads"]:
+            return ops.ListMultipartUploads(bucket)
         return ops.Unsupported(f"{method} ?{sub[0]}")
     if method == "GET":
         return (
@@ -140,6 +142,8 @@ def _object_operation(
     method: str, bucket: str, key: str, query: Mapping[str, str], headers: Mapping[str, str]
 ) -> ops.Operation:
     sub = sorted(q for q in query if q in _OBJECT_SUBRESOURCES)
+    if sub in (["uploadId"], ["uploads"]):
+        return _multipart_operation(method, bucket, key, query, headers)
     if sub:
         return ops.Unsupported(f"{method} ?{sub[0]}")
     version = query.get("versionId")
@@ -159,4 +163,28 @@ def _object_operation(
         return table[method](bucket, key)
     if method == "POST":
         return ops.Unsupported("POST object")
+    raise MethodNotAllowed()
+
+
+def _multipart_operation(
+    method: str, bucket: str, key: str, query: Mapping[str, str], headers: Mapping[str, str]
+) -> ops.Operation:
+    if "uploads" in query:
+        if method == "POST":
+            return ops.CreateMultipartUpload(bucket, key)
+        raise MethodNotAllowed()
+    upload_id = query["uploadId"]
+    if method == "PUT" and "partNumber" in query:
+        if "x-amz-copy-source" in headers:
+            return ops.Unsupported("UploadPartCopy")
+        return ops.UploadPart(bucket, key, upload_id, query["partNumber"])
+    table: dict[
+        str, type[ops.CompleteMultipartUpload | ops.AbortMultipartUpload | ops.ListParts]
+    ] = {
+        "POST": ops.CompleteMultipartUpload,
+        "DELETE": ops.AbortMultipartUpload,
+        "GET": ops.ListParts,
+    }
+    if method in table:
+        return table[method](bucket, key, upload_id)
     raise MethodNotAllowed()

@@ -3,6 +3,7 @@ documents. Element names and order follow the S3 API reference."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,8 +30,22 @@ def iso8601(ts_s: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(ts_s))) + f".{millis:03d}Z"
 
 
+# Characters XML 1.0 cannot carry at all, not even as references.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> str:
+    """``text`` with characters XML cannot carry percent-encoded (keys may contain them)."""
+    return _NOT_XML.sub(lambda m: quote(m.group(0), safe=""), text)
+
+
 def error_document(code: str, message: str, request_id: str, fields: Mapping[str, str]) -> bytes:
-    body: dict[str, Any] = {"Code": code, "Message": message, **fields, "RequestId": request_id}
+    body: dict[str, Any] = {
+        "Code": code,
+        "Message": xml_safe(message),
+        **{name: xml_safe(value) for name, value in fields.items()},
+        "RequestId": request_id,
+    }
     return document("Error", body, namespace=False)
 
 
@@ -48,7 +63,7 @@ def encoder(encoding_type: str | None) -> Any:
     """With ``encoding-type=url`` names in listings are percent-encoded (botocore asks)."""
     if encoding_type == "url":
         return lambda s: quote(s, safe="/")
-    return lambda s: s
+    return xml_safe
 
 
 def contents(

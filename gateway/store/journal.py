@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -27,14 +28,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.models import BucketInfo, FlushState, LocalObject, ObjectMeta
+from gateway.models import BucketInfo, FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.sqlite_writer import GroupWriter
 
 T = TypeVar("T")
 
 _COLUMNS = (
     "bucket, key, seq, state, is_delete, blob_id, size_bytes, etag, last_modified_s, "
-    "content_type, user_metadata, headers, checksums, attempts, last_error"
+    "content_type, user_metadata, headers, checksums, attempts, last_error, parts"
 )
 
 
@@ -90,9 +91,7 @@ class Journal:
         conn.execute("UPDATE objects SET state = 'pending' WHERE state = 'flushing'")
         row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM objects").fetchone()
         self._next_seq = int(row[0]) + 1
-        blobs = {
-            r[0] for r in conn.execute("SELECT blob_id FROM objects WHERE blob_id IS NOT NULL")
-        }
+        blobs = referenced_blobs(conn)
         self._writer = GroupWriter(conn)
         self.pending_event.set()
         return blobs
@@ -137,39 +136,42 @@ class Journal:
 
     async def commit_put(
         self, meta: ObjectMeta, blob_id: str, acked_s: float
-    ) -> tuple[LocalObject, str | None]:
+    ) -> tuple[LocalObject, list[str]]:
         """Make ``meta`` (body in ``blob_id``) the newest version of its key, state pending.
 
-        Returns the new row and the superseded blob id (to unlink after this returns).
+        Returns the new row and the superseded blob ids (to unlink after this returns).
         """
-        result = await self._write(lambda c: self._upsert(c, meta, blob_id, False, acked_s))
+        result = await self._write(lambda c: self.upsert(c, meta, blob_id, (), False, acked_s))
         self.pending_event.set()
         return result
 
     async def commit_delete(
         self, bucket: str, key: str, acked_s: float
-    ) -> tuple[LocalObject, str | None]:
+    ) -> tuple[LocalObject, list[str]]:
         """Record a delete of ``key`` (a pending tombstone). Returns it and the superseded blob."""
         meta = ObjectMeta(bucket=bucket, key=key, size_bytes=0, etag="", last_modified_s=acked_s)
-        result = await self._write(lambda c: self._upsert(c, meta, None, True, acked_s))
+        result = await self._write(lambda c: self.upsert(c, meta, None, (), True, acked_s))
         self.pending_event.set()
         return result
 
-    def _upsert(
+    def upsert(
         self,
         conn: sqlite3.Connection,
         meta: ObjectMeta,
         blob_id: str | None,
+        parts: tuple[PartRef, ...],
         is_delete: bool,
         acked_s: float,
-    ) -> tuple[LocalObject, str | None]:
+    ) -> tuple[LocalObject, list[str]]:
+        """Inside a write op: replace the key's row; return it and the blobs it superseded."""
         old = conn.execute(
-            "SELECT blob_id FROM objects WHERE bucket = ? AND key = ?", (meta.bucket, meta.key)
+            "SELECT blob_id, parts FROM objects WHERE bucket = ? AND key = ?",
+            (meta.bucket, meta.key),
         ).fetchone()
         seq = self._next_seq
         conn.execute(
             f"INSERT OR REPLACE INTO objects ({_COLUMNS}, not_before_s, acked_s) "
-            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, 0, ?)",
+            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, 0, ?)",
             (
                 meta.bucket,
                 meta.key,
@@ -183,15 +185,29 @@ class Journal:
                 json.dumps(dict(meta.user_metadata)),
                 json.dumps(dict(meta.headers)),
                 json.dumps(dict(meta.checksums)),
+                _parts_json(parts),
                 acked_s,
             ),
         )
         # Only advance once the statement succeeded (a failed op is rolled back alone).
         self._next_seq = seq + 1
         row = LocalObject(
-            meta=meta, seq=seq, state=FlushState.PENDING, blob_id=blob_id, is_delete=is_delete
+            meta=meta,
+            seq=seq,
+            state=FlushState.PENDING,
+            blob_id=blob_id,
+            is_delete=is_delete,
+            parts=parts,
         )
-        return row, (old[0] if old else None)
+        return row, (_blob_ids(old[0], old[1]) if old else [])
+
+    async def run_write(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``op`` in the group-commit writer (for store-internal collaborators)."""
+        return await self._write(op)
+
+    async def run_read(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``op`` on a read connection (for store-internal collaborators)."""
+        return await self._read(op)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -411,10 +427,11 @@ class Journal:
 
         def op(conn: sqlite3.Connection) -> list[str]:
             blobs = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT blob_id FROM objects WHERE bucket = ? AND blob_id IS NOT NULL", (name,)
+                b
+                for blob_id, parts in conn.execute(
+                    "SELECT blob_id, parts FROM objects WHERE bucket = ?", (name,)
                 )
+                for b in _blob_ids(blob_id, parts)
             ]
             conn.execute("DELETE FROM objects WHERE bucket = ?", (name,))
             conn.execute("DELETE FROM buckets WHERE name = ?", (name,))
@@ -441,7 +458,7 @@ def _stats(conn: sqlite3.Connection) -> Stats:
     )
     counters = dict(conn.execute("SELECT name, value FROM counters"))
     cached = conn.execute(
-        "SELECT COALESCE(SUM(size_bytes), 0) FROM objects WHERE blob_id IS NOT NULL"
+        "SELECT COALESCE(SUM(size_bytes), 0) FROM objects WHERE is_delete = 0"
     ).fetchone()[0]
     return Stats(
         backlog,
@@ -476,6 +493,7 @@ def _row(r: tuple[Any, ...]) -> LocalObject:
         checksums,
         attempts,
         last_error,
+        parts,
     ) = r
     meta = ObjectMeta(
         bucket=bucket,
@@ -496,16 +514,30 @@ def _row(r: tuple[Any, ...]) -> LocalObject:
         is_delete=bool(is_delete),
         attempts=attempts,
         last_error=last_error,
+        parts=tuple(PartRef(b, int(n), e) for b, n, e in json.loads(parts)) if parts else (),
     )
 
 
 def _with_state(obj: LocalObject, state: FlushState) -> LocalObject:
-    return LocalObject(
-        meta=obj.meta,
-        seq=obj.seq,
-        state=state,
-        blob_id=obj.blob_id,
-        is_delete=obj.is_delete,
-        attempts=obj.attempts,
-        last_error=obj.last_error,
-    )
+    return dataclasses.replace(obj, state=state)
+
+
+def _parts_json(parts: tuple[PartRef, ...]) -> str | None:
+    return json.dumps([[p.blob_id, p.size_bytes, p.etag] for p in parts]) if parts else None
+
+
+def _blob_ids(blob_id: str | None, parts: str | None) -> list[str]:
+    if parts:
+        return [str(p[0]) for p in json.loads(parts)]
+    return [blob_id] if blob_id else []
+
+
+def referenced_blobs(conn: sqlite3.Connection) -> set[str]:
+    """Every blob id a row refers to: object bodies and parts of uploads in progress."""
+    out = {
+        b
+        for blob_id, parts in conn.execute("SELECT blob_id, parts FROM objects")
+        for b in _blob_ids(blob_id, parts)
+    }
+    out.update(r[0] for r in conn.execute("SELECT blob_id FROM parts"))
+    return out

@@ -7,7 +7,8 @@ CREATE TABLE IF NOT EXISTS objects (
     seq             INTEGER NOT NULL,
     state           TEXT    NOT NULL,          -- pending | flushing | durable | failed
     is_delete       INTEGER NOT NULL DEFAULT 0,-- 1: a tombstone (delete not yet upstream)
-    blob_id         TEXT,                      -- NULL for tombstones
+    blob_id         TEXT,                      -- single-part body; NULL for tombstones
+    parts           TEXT,                      -- multipart body: JSON [[blob_id, size, etag], ...]
     size_bytes      INTEGER NOT NULL,
     etag            TEXT    NOT NULL,
     last_modified_s REAL    NOT NULL,
@@ -32,4 +33,29 @@ CREATE TABLE IF NOT EXISTS buckets (
 CREATE TABLE IF NOT EXISTS counters (
     name  TEXT PRIMARY KEY,
     value INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- Multipart uploads in progress. Parts are durable on ack; completing moves the part list
+-- into the object's row (no data is copied) and deletes these rows.
+CREATE TABLE IF NOT EXISTS uploads (
+    upload_id       TEXT PRIMARY KEY,
+    bucket          TEXT NOT NULL,
+    key             TEXT NOT NULL,
+    created_s       REAL NOT NULL,
+    content_type    TEXT NOT NULL,
+    user_metadata   TEXT NOT NULL,
+    headers         TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (bucket, key, upload_id);
+
+CREATE TABLE IF NOT EXISTS parts (
+    upload_id       TEXT    NOT NULL,
+    part_number     INTEGER NOT NULL,
+    blob_id         TEXT    NOT NULL,
+    size_bytes      INTEGER NOT NULL,
+    etag            TEXT    NOT NULL,
+    checksums       TEXT    NOT NULL,
+    last_modified_s REAL    NOT NULL,
+    PRIMARY KEY (upload_id, part_number)
 ) WITHOUT ROWID;

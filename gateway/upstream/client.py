@@ -7,12 +7,13 @@ has from ingest, so botocore never re-reads a body to hash it (over https).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -22,6 +23,7 @@ from gateway.models import BucketInfo, ListEntry, ObjectMeta
 from gateway.upstream.classify import for_client, for_flush
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _STREAM_PIECE_BYTES = 1 << 20
 # Stored system headers and the put_object parameter that sends each upstream.
 _HEADER_PARAMS = {
@@ -51,6 +53,15 @@ class UpstreamObject:
         self._body.close()
 
 
+@dataclass(frozen=True, slots=True)
+class PartSource:
+    """One part to upload: an open body file, its size and MD5 (hex)."""
+
+    body: BinaryIO
+    size_bytes: int
+    md5_hex: str
+
+
 class Upstream(Protocol):
     """The real bucket.
 
@@ -59,7 +70,9 @@ class Upstream(Protocol):
     upstream's code passed through, or ServiceUnavailable when it cannot be reached).
     """
 
-    async def put_object(self, meta: ObjectMeta, path: Path) -> str: ...
+    async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str: ...
+
+    async def put_multipart(self, meta: ObjectMeta, parts: Sequence[PartSource]) -> str: ...
 
     async def delete_object(self, bucket: str, key: str) -> None: ...
 
@@ -90,10 +103,12 @@ class AiobotocoreUpstream:
         region: str,
         addressing_style: str = "auto",
         max_connections: int = 64,
+        part_concurrency: int = 4,
         access_key: str | None = None,
         secret_key: str | None = None,
     ) -> None:
         self._endpoint_url = endpoint_url
+        self._part_concurrency = part_concurrency
         self._region = region
         self._config = AioConfig(
             retries={"total_max_attempts": 1},
@@ -129,24 +144,67 @@ class AiobotocoreUpstream:
 
     # -- writes (flush) --------------------------------------------------------------------
 
-    async def put_object(self, meta: ObjectMeta, path: Path) -> str:
-        params: dict[str, Any] = {
-            "Bucket": meta.bucket,
-            "Key": meta.key,
-            "ContentLength": meta.size_bytes,
-            "ContentType": meta.content_type,
-            "Metadata": dict(meta.user_metadata),
-            "ContentMD5": base64.b64encode(bytes.fromhex(meta.etag)).decode("ascii"),
-        }
-        for name, param in _HEADER_PARAMS.items():
-            if name in meta.headers:
-                params[param] = meta.headers[name]
+    async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str:
         try:
-            with path.open("rb") as body:
-                resp = await self._client.put_object(Body=body, **params)
+            resp = await self._client.put_object(
+                Body=body,
+                ContentLength=meta.size_bytes,
+                ContentMD5=_b64_md5(meta.etag),
+                **_object_params(meta),
+            )
         except Exception as exc:  # classified: the flusher decides what it means
             raise for_flush(exc) from exc
         return str(resp.get("ETag", "")).strip('"')
+
+    async def put_multipart(self, meta: ObjectMeta, parts: Sequence[PartSource]) -> str:
+        """Upload as multipart with exactly these part boundaries (so the ETag matches);
+        parts go in parallel. Any failure aborts the upstream upload: nothing accrues cost."""
+        bucket, key = meta.bucket, meta.key
+        try:
+            created = await self._client.create_multipart_upload(**_object_params(meta))
+        except Exception as exc:
+            raise for_flush(exc) from exc
+        upload_id = created["UploadId"]
+        try:
+            limit = asyncio.Semaphore(self._part_concurrency)
+
+            async def send(number: int, part: PartSource) -> dict[str, Any]:
+                async with limit:
+                    resp = await self._client.upload_part(
+                        Bucket=bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=part.body,
+                        ContentLength=part.size_bytes,
+                        ContentMD5=_b64_md5(part.md5_hex),
+                    )
+                return {"PartNumber": number, "ETag": resp["ETag"]}
+
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(send(i, p)) for i, p in enumerate(parts, 1)]
+            resp = await self._client.complete_multipart_upload(
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": [t.result() for t in tasks]},
+            )
+        except BaseException as exc:
+            await asyncio.shield(self._abort(bucket, key, upload_id))
+            if isinstance(exc, BaseExceptionGroup):
+                exc = exc.exceptions[0]
+            if isinstance(exc, Exception):
+                raise for_flush(exc) from exc
+            raise
+        return str(resp.get("ETag", "")).strip('"')
+
+    async def _abort(self, bucket: str, key: str, upload_id: str) -> None:
+        try:
+            await self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        except Exception as exc:  # best effort; the failure that led here is what matters
+            log.warning(
+                "could not abort upstream upload %s of %s/%s: %s", upload_id, bucket, key, exc
+            )
 
     async def delete_object(self, bucket: str, key: str) -> None:
         try:
@@ -218,6 +276,23 @@ class AiobotocoreUpstream:
             return await fn()
         except Exception as exc:  # translated for the S3 client in one place
             raise for_client(exc) from exc
+
+
+def _object_params(meta: ObjectMeta) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "Bucket": meta.bucket,
+        "Key": meta.key,
+        "ContentType": meta.content_type,
+        "Metadata": dict(meta.user_metadata),
+    }
+    for name, param in _HEADER_PARAMS.items():
+        if name in meta.headers:
+            params[param] = meta.headers[name]
+    return params
+
+
+def _b64_md5(md5_hex: str) -> str:
+    return base64.b64encode(bytes.fromhex(md5_hex)).decode("ascii")
 
 
 def _meta(bucket: str, key: str, resp: dict[str, Any]) -> ObjectMeta:

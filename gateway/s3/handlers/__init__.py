@@ -1,5 +1,5 @@
 """S3 handlers, one module per operation family. Importing this package registers them."""
 
-from gateway.s3.handlers import buckets, objects
+from gateway.s3.handlers import buckets, multipart, objects
 
-__all__ = ["buckets", "objects"]
+__all__ = ["buckets", "multipart", "objects"]

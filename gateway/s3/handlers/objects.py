@@ -29,21 +29,27 @@ _SUPPORTED_CHECKSUMS = frozenset({"crc32", "sha1", "sha256"})
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 
-def put_request(op: ops.PutObject, headers: Mapping[str, str], length: int | None) -> PutRequest:
-    """Everything PutObject's headers ask us to store and to verify."""
-    meta = {k[11:].lower(): v for k, v in headers.items() if k.lower().startswith("x-amz-meta-")}
+def user_metadata(headers: Mapping[str, str]) -> dict[str, str]:
+    """``x-amz-meta-*`` headers, names lower-cased as S3 stores them."""
+    return {k[11:].lower(): v for k, v in headers.items() if k.lower().startswith("x-amz-meta-")}
+
+
+def stored_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """System metadata kept with the object. aws-chunked is a transfer framing, not part of
+    the object: ``gzip,aws-chunked`` is stored as ``gzip``."""
     stored = {name: headers[name] for name in STORED_HEADERS if name in headers}
     if "content-encoding" in stored:
-        # aws-chunked is a transfer framing, not part of the object (gzip,aws-chunked -> gzip).
-        kept = [
-            e.strip()
-            for e in stored["content-encoding"].split(",")
-            if e.strip().lower() != "aws-chunked"
-        ]
+        parts = stored.pop("content-encoding").split(",")
+        kept = [e.strip() for e in parts if e.strip().lower() != "aws-chunked"]
         if kept:
             stored["content-encoding"] = ",".join(kept)
-        else:
-            del stored["content-encoding"]
+    return stored
+
+
+def put_request(op: ops.PutObject, headers: Mapping[str, str], length: int | None) -> PutRequest:
+    """Everything PutObject's headers ask us to store and to verify."""
+    meta = user_metadata(headers)
+    stored = stored_headers(headers)
     checksums = {
         a: headers[f"x-amz-checksum-{a}"]
         for a in CHECKSUM_ALGORITHMS

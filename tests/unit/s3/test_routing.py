@@ -27,7 +27,27 @@ CASES = [
     ("GET", "h", "/b1/k", {"tagging": ""}, {}, ops.Unsupported("GET ?tagging")),
     ("GET", "h", "/b1", {"policy": ""}, {}, ops.Unsupported("GET ?policy")),
     ("PUT", "h", "/b1/k", {}, {"x-amz-copy-source": "/b1/j"}, ops.Unsupported("CopyObject")),
-    ("POST", "h", "/b1/k", {"uploads": ""}, {}, ops.Unsupported("POST ?uploads")),
+    ("POST", "h", "/b1/k", {"uploads": ""}, {}, ops.CreateMultipartUpload("b1", "k")),
+    (
+        "PUT",
+        "h",
+        "/b1/k",
+        {"uploadId": "u", "partNumber": "3"},
+        {},
+        ops.UploadPart("b1", "k", "u", "3"),
+    ),
+    (
+        "PUT",
+        "h",
+        "/b1/k",
+        {"uploadId": "u", "partNumber": "3"},
+        {"x-amz-copy-source": "/b/x"},
+        ops.Unsupported("UploadPartCopy"),
+    ),
+    ("POST", "h", "/b1/k", {"uploadId": "u"}, {}, ops.CompleteMultipartUpload("b1", "k", "u")),
+    ("DELETE", "h", "/b1/k", {"uploadId": "u"}, {}, ops.AbortMultipartUpload("b1", "k", "u")),
+    ("GET", "h", "/b1/k", {"uploadId": "u", "max-parts": "2"}, {}, ops.ListParts("b1", "k", "u")),
+    ("GET", "h", "/b1", {"uploads": ""}, {}, ops.ListMultipartUploads("b1")),
     # virtual-hosted style with --domain s3.test
     ("GET", "b1.s3.test:9000", "/", {"list-type": "2"}, {}, ops.ListObjectsV2("b1")),
     ("PUT", "b1.s3.test", "/k/x", {}, {}, ops.PutObject("b1", "k/x")),
@@ -36,8 +56,14 @@ CASES = [
 
 
 @pytest.mark.parametrize(("method", "host", "path", "query", "headers", "expected"), CASES)
-def test_routing_table(method: str, host: str, path: str, query: dict[str, str],
-                       headers: dict[str, str], expected: ops.Operation) -> None:
+def test_routing_table(
+    method: str,
+    host: str,
+    path: str,
+    query: dict[str, str],
+    headers: dict[str, str],
+    expected: ops.Operation,
+) -> None:
     assert parse_operation(method, host, path, query, headers, domain="s3.test") == expected
 
 

@@ -26,9 +26,9 @@ async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
 
 async def test_journal_put_supersedes_and_returns_old_blob(journal: Journal) -> None:
     first, old = await journal.commit_put(meta("k"), "blob1", 1.0)
-    assert old is None
+    assert old == []
     second, old = await journal.commit_put(meta("k", etag="f"), "blob2", 2.0)
-    assert old == "blob1"
+    assert old == ["blob1"]
     assert second.seq > first.seq
     row = await journal.get("b", "k")
     assert row is not None and row.blob_id == "blob2" and row.meta.etag == "f"
@@ -47,7 +47,7 @@ async def test_journal_outcome_ignored_for_superseded_version(journal: Journal) 
 async def test_journal_tombstone_removed_when_durable(journal: Journal) -> None:
     await journal.commit_put(meta("k"), "blob1", 1.0)
     _, old = await journal.commit_delete("b", "k", 2.0)
-    assert old == "blob1"
+    assert old == ["blob1"]
     [claimed] = await journal.claim(10, now_s=10.0)
     assert claimed.is_delete
     assert await journal.mark_durable(claimed)

@@ -1,0 +1,98 @@
+"""Ingest: stream a request body to a new blob and check it against what the client promised.
+
+Shared by PutObject and UploadPart so both verify exactly the same way. On any failure the
+blob is removed before the error propagates: nothing half-written is ever referenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+
+from gateway.checksums import b64
+from gateway.errors import (
+    BadDigest,
+    IncompleteBody,
+    InvalidDigest,
+    InvalidRequest,
+    KeyTooLongError,
+    XAmzContentSHA256Mismatch,
+)
+from gateway.models import PutRequest, RequestBody
+from gateway.store.blobs import BlobStore, WrittenBlob
+
+MAX_KEY_BYTES = 1024
+
+
+async def ingest(
+    blobs: BlobStore, req: PutRequest, body: RequestBody, *, max_bytes: int
+) -> tuple[WrittenBlob, dict[str, str]]:
+    """Write ``body`` durably and verify it; returns the blob and its verified checksums."""
+    algorithms = {"md5", *req.checksums}
+    if req.trailer_checksum:
+        algorithms.add(req.trailer_checksum)
+    if req.payload_sha256:
+        algorithms.add("sha256")
+    blob = await blobs.write(body.chunks(), algorithms, max_bytes=max_bytes)
+    try:
+        _verify(req, body, blob)
+    except BaseException:
+        await asyncio.shield(blobs.discard([blob.blob_id]))
+        raise
+    return blob, _checksums(req, blob)
+
+
+def validate_key(key: str) -> None:
+    if not key:
+        raise InvalidRequest("A key must be at least one character long.")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise KeyTooLongError(Key=key[:64] + "...")
+
+
+def _verify(req: PutRequest, body: RequestBody, blob: WrittenBlob) -> None:
+    """Check what the client promised against what arrived; raise the S3 error S3 raises."""
+    if req.content_length is not None and blob.size_bytes != req.content_length:
+        raise IncompleteBody()
+    if req.content_md5 is not None:
+        try:
+            expected = bytes.fromhex(_b64_to_hex(req.content_md5))
+        except ValueError as exc:
+            raise InvalidDigest() from exc
+        if expected != blob.digests["md5"]:
+            raise BadDigest()
+    if (
+        req.payload_sha256 is not None
+        and req.payload_sha256.lower() != blob.digests["sha256"].hex()
+    ):
+        raise XAmzContentSHA256Mismatch()
+    for algorithm, value in req.checksums.items():
+        if value != b64(blob.digests[algorithm]):
+            raise _mismatch(algorithm)
+    if req.trailer_checksum:
+        sent = body.trailers.get(f"x-amz-checksum-{req.trailer_checksum}")
+        if sent is None:
+            raise InvalidRequest(f"x-amz-checksum-{req.trailer_checksum} trailer is missing.")
+        if sent != b64(blob.digests[req.trailer_checksum]):
+            raise _mismatch(req.trailer_checksum)
+
+
+def _mismatch(algorithm: str) -> BadDigest:
+    return BadDigest(
+        f"The {algorithm.upper()} you specified did not match the calculated checksum."
+    )
+
+
+def _checksums(req: PutRequest, blob: WrittenBlob) -> dict[str, str]:
+    names = set(req.checksums) | ({req.trailer_checksum} if req.trailer_checksum else set())
+    return {name: b64(blob.digests[name]) for name in sorted(names)}
+
+
+def _b64_to_hex(value: str) -> str:
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except binascii.Error as exc:
+        raise ValueError("bad base64") from exc
+    if len(raw) != 16:
+        raise ValueError("not an MD5")
+    return raw.hex()

@@ -1,0 +1,178 @@
+"""MultipartService: CreateMultipartUpload, UploadPart, CompleteMultipartUpload,
+AbortMultipartUpload, ListParts, ListMultipartUploads.
+
+Parts are durable on ack (same ingest as PutObject). Completing does not copy data: the new
+object version is the ordered list of its part files, and its ETag is S3's
+``md5(concatenated part MD5s)-N``. The flusher later uploads it with the same part
+boundaries, so the upstream computes the same ETag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gateway.clock import Clock
+from gateway.core.buckets import BucketService
+from gateway.core.ingest import ingest, validate_key
+from gateway.errors import (
+    EntityTooSmall,
+    InvalidArgument,
+    InvalidPart,
+    InvalidPartOrder,
+    InvalidRequest,
+    NoSuchUpload,
+)
+from gateway.models import ObjectMeta, PartRef, PutRequest, RequestBody
+from gateway.store.blobs import BlobStore
+from gateway.store.uploads import Part, Upload, UploadJournal
+
+MAX_PART_NUMBER = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedPart:
+    """A (PartNumber, ETag) pair from the CompleteMultipartUpload request body."""
+
+    part_number: int
+    etag: str
+
+
+def multipart_etag(part_md5s: Sequence[str]) -> str:
+    """S3's multipart ETag: MD5 of the concatenated binary part MD5s, then ``-N``."""
+    digest = hashlib.md5(b"".join(bytes.fromhex(m) for m in part_md5s)).hexdigest()
+    return f"{digest}-{len(part_md5s)}"
+
+
+class MultipartService:
+    """Contract: UploadPart MUST NOT ack before the part is durable; Complete MUST validate
+    part numbers, ETags, order and sizes as S3 does and leave the upload intact on error."""
+
+    def __init__(
+        self,
+        uploads: UploadJournal,
+        blobs: BlobStore,
+        buckets: BucketService,
+        clock: Clock,
+        *,
+        max_part_bytes: int,
+        min_part_bytes: int,
+    ) -> None:
+        self._uploads = uploads
+        self._blobs = blobs
+        self._buckets = buckets
+        self._clock = clock
+        self._max_part_bytes = max_part_bytes
+        self._min_part_bytes = min_part_bytes
+
+    async def create(
+        self,
+        bucket: str,
+        key: str,
+        content_type: str,
+        user_metadata: Mapping[str, str],
+        headers: Mapping[str, str],
+    ) -> str:
+        validate_key(key)
+        await self._buckets.require(bucket)
+        upload_id = secrets.token_urlsafe(24)
+        await self._uploads.create(
+            Upload(
+                upload_id,
+                bucket,
+                key,
+                self._clock.wall(),
+                content_type,
+                dict(user_metadata),
+                dict(headers),
+            )
+        )
+        return upload_id
+
+    async def upload(self, bucket: str, key: str, upload_id: str) -> Upload:
+        """The upload, checked to belong to bucket/key (else NoSuchUpload, as S3)."""
+        upload = await self._uploads.get(upload_id)
+        if upload is None or upload.bucket != bucket or upload.key != key:
+            raise NoSuchUpload(UploadId=upload_id)
+        return upload
+
+    async def upload_part(
+        self, req: PutRequest, upload_id: str, part_number: int, body: RequestBody
+    ) -> Part:
+        if not 1 <= part_number <= MAX_PART_NUMBER:
+            raise InvalidArgument(
+                "Part number must be an integer between 1 and 10000, inclusive",
+                ArgumentName="partNumber",
+            )
+        await self.upload(req.bucket, req.key, upload_id)
+        blob, checksums = await ingest(self._blobs, req, body, max_bytes=self._max_part_bytes)
+        part = Part(
+            part_number,
+            blob.blob_id,
+            blob.size_bytes,
+            blob.digests["md5"].hex(),
+            checksums,
+            self._clock.wall(),
+        )
+        try:
+            replaced = await self._uploads.put_part(upload_id, part)
+        except BaseException:
+            await self._blobs.discard([blob.blob_id])
+            raise
+        await self._blobs.discard(replaced)
+        return part
+
+    async def complete(
+        self, bucket: str, key: str, upload_id: str, requested: Sequence[CompletedPart]
+    ) -> ObjectMeta:
+        upload = await self.upload(bucket, key, upload_id)
+        if not requested:
+            raise InvalidRequest("You must specify at least one part")
+        stored = {p.part_number: p for p in await self._uploads.parts(upload_id)}
+        chosen: list[Part] = []
+        for i, want in enumerate(requested):
+            if i and want.part_number <= requested[i - 1].part_number:
+                raise InvalidPartOrder()
+            part = stored.get(want.part_number)
+            if part is None or want.etag.strip().strip('"').lower() != part.etag:
+                raise InvalidPart(PartNumber=str(want.part_number), ETag=want.etag)
+            chosen.append(part)
+        for part in chosen[:-1]:
+            if part.size_bytes < self._min_part_bytes:
+                raise EntityTooSmall(
+                    ProposedSize=str(part.size_bytes), MinSizeAllowed=str(self._min_part_bytes)
+                )
+        meta = ObjectMeta(
+            bucket=bucket,
+            key=key,
+            size_bytes=sum(p.size_bytes for p in chosen),
+            etag=multipart_etag([p.etag for p in chosen]),
+            last_modified_s=self._clock.wall(),
+            content_type=upload.content_type,
+            user_metadata=upload.user_metadata,
+            headers=upload.headers,
+        )
+        refs = tuple(PartRef(p.blob_id, p.size_bytes, p.etag) for p in chosen)
+        _, discard = await self._uploads.complete(upload_id, meta, refs, self._clock.wall())
+        await self._blobs.discard(discard)
+        return meta
+
+    async def abort(self, bucket: str, key: str, upload_id: str) -> None:
+        await self.upload(bucket, key, upload_id)
+        await self._blobs.discard(await self._uploads.abort(upload_id))
+
+    async def list_parts(
+        self, bucket: str, key: str, upload_id: str, after: int, limit: int
+    ) -> tuple[Upload, list[Part], bool]:
+        upload = await self.upload(bucket, key, upload_id)
+        parts = await self._uploads.parts(upload_id, after, limit + 1)
+        return upload, parts[:limit], len(parts) > limit
+
+    async def list_uploads(
+        self, bucket: str, prefix: str, key_marker: str, upload_id_marker: str, limit: int
+    ) -> tuple[list[Upload], bool]:
+        await self._buckets.require(bucket)
+        found = await self._uploads.list(bucket, prefix, key_marker, upload_id_marker, limit + 1)
+        return found[:limit], len(found) > limit

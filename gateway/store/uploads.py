@@ -1,0 +1,178 @@
+"""Multipart uploads in the journal: uploads, their parts, and completion into an object.
+
+Same durability order as single PUTs: a part's blob is durable before its row commits, and
+the part is acknowledged after. Completion is one transaction: the object row takes the
+ordered part list (no data is copied), the upload's rows go, and the blobs of parts left
+out of the completion are returned for unlinking after COMMIT.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+
+from gateway.errors import NoSuchUpload
+from gateway.models import LocalObject, ObjectMeta, PartRef
+from gateway.store.journal import Journal
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    upload_id: str
+    bucket: str
+    key: str
+    created_s: float
+    content_type: str
+    user_metadata: dict[str, str]
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    part_number: int
+    blob_id: str
+    size_bytes: int
+    etag: str
+    checksums: dict[str, str]
+    last_modified_s: float
+
+
+class UploadJournal:
+    """Multipart state, stored in the Journal's database through its writer and readers.
+
+    Contract: ``put_part`` and ``complete`` MUST raise NoSuchUpload if the upload is gone
+    (aborted or completed concurrently); returned blob ids MUST be unlinked only after the
+    call returns.
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    async def create(self, upload: Upload) -> None:
+        await self._journal.run_write(
+            lambda c: c.execute(
+                "INSERT INTO uploads (upload_id, bucket, key, created_s, content_type, "
+                "user_metadata, headers) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    upload.upload_id,
+                    upload.bucket,
+                    upload.key,
+                    upload.created_s,
+                    upload.content_type,
+                    json.dumps(upload.user_metadata),
+                    json.dumps(upload.headers),
+                ),
+            )
+        )
+
+    async def get(self, upload_id: str) -> Upload | None:
+        def op(conn: sqlite3.Connection) -> Upload | None:
+            row = conn.execute(
+                "SELECT upload_id, bucket, key, created_s, content_type, user_metadata, headers "
+                "FROM uploads WHERE upload_id = ?",
+                (upload_id,),
+            ).fetchone()
+            return _upload(row) if row else None
+
+        return await self._journal.run_read(op)
+
+    async def put_part(self, upload_id: str, part: Part) -> list[str]:
+        """Record (or replace) a part; returns the replaced part's blob id, if any."""
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            _require(conn, upload_id)
+            old = conn.execute(
+                "SELECT blob_id FROM parts WHERE upload_id = ? AND part_number = ?",
+                (upload_id, part.part_number),
+            ).fetchone()
+            conn.execute(
+                "INSERT OR REPLACE INTO parts (upload_id, part_number, blob_id, size_bytes, etag, "
+                "checksums, last_modified_s) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    upload_id,
+                    part.part_number,
+                    part.blob_id,
+                    part.size_bytes,
+                    part.etag,
+                    json.dumps(part.checksums),
+                    part.last_modified_s,
+                ),
+            )
+            return [old[0]] if old else []
+
+        return await self._journal.run_write(op)
+
+    async def parts(self, upload_id: str, after: int = 0, limit: int = 10_000) -> list[Part]:
+        def op(conn: sqlite3.Connection) -> list[Part]:
+            rows = conn.execute(
+                "SELECT part_number, blob_id, size_bytes, etag, checksums, last_modified_s "
+                "FROM parts WHERE upload_id = ? AND part_number > ? ORDER BY part_number LIMIT ?",
+                (upload_id, after, limit),
+            ).fetchall()
+            return [Part(n, b, s, e, json.loads(c), m) for n, b, s, e, c, m in rows]
+
+        return await self._journal.run_read(op)
+
+    async def complete(
+        self, upload_id: str, meta: ObjectMeta, parts: tuple[PartRef, ...], acked_s: float
+    ) -> tuple[LocalObject, list[str]]:
+        """Make the upload the key's newest version; returns it and blobs to unlink."""
+        used = {p.blob_id for p in parts}
+
+        def op(conn: sqlite3.Connection) -> tuple[LocalObject, list[str]]:
+            _require(conn, upload_id)
+            unused = [
+                r[0]
+                for r in conn.execute("SELECT blob_id FROM parts WHERE upload_id = ?", (upload_id,))
+                if r[0] not in used
+            ]
+            conn.execute("DELETE FROM parts WHERE upload_id = ?", (upload_id,))
+            conn.execute("DELETE FROM uploads WHERE upload_id = ?", (upload_id,))
+            row, superseded = self._journal.upsert(conn, meta, None, parts, False, acked_s)
+            return row, unused + superseded
+
+        row, discard = await self._journal.run_write(op)
+        self._journal.pending_event.set()
+        return row, discard
+
+    async def abort(self, upload_id: str) -> list[str]:
+        """Drop an upload and its parts; returns their blobs. NoSuchUpload if unknown."""
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            _require(conn, upload_id)
+            blobs = [
+                r[0]
+                for r in conn.execute("SELECT blob_id FROM parts WHERE upload_id = ?", (upload_id,))
+            ]
+            conn.execute("DELETE FROM parts WHERE upload_id = ?", (upload_id,))
+            conn.execute("DELETE FROM uploads WHERE upload_id = ?", (upload_id,))
+            return blobs
+
+        return await self._journal.run_write(op)
+
+    async def list(
+        self, bucket: str, prefix: str, key_marker: str, upload_id_marker: str, limit: int
+    ) -> list[Upload]:
+        """Uploads in progress in key order, then upload id order, after the markers."""
+
+        def op(conn: sqlite3.Connection) -> list[Upload]:
+            rows = conn.execute(
+                "SELECT upload_id, bucket, key, created_s, content_type, user_metadata, headers "
+                "FROM uploads WHERE bucket = ? AND substr(key, 1, ?) = ? "
+                "AND (key > ? OR (key = ? AND upload_id > ?)) ORDER BY key, upload_id LIMIT ?",
+                (bucket, len(prefix), prefix, key_marker, key_marker, upload_id_marker, limit),
+            ).fetchall()
+            return [_upload(r) for r in rows]
+
+        return await self._journal.run_read(op)
+
+
+def _require(conn: sqlite3.Connection, upload_id: str) -> None:
+    if conn.execute("SELECT 1 FROM uploads WHERE upload_id = ?", (upload_id,)).fetchone() is None:
+        raise NoSuchUpload(UploadId=upload_id)
+
+
+def _upload(row: tuple[str, str, str, float, str, str, str]) -> Upload:
+    upload_id, bucket, key, created_s, ctype, umeta, headers = row
+    return Upload(upload_id, bucket, key, created_s, ctype, json.loads(umeta), json.loads(headers))
