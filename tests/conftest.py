@@ -1,0 +1,97 @@
+"""Shared fixtures: moto as the upstream, the gateway as a subprocess, boto3 clients.
+
+Fixtures:
+- ``moto_server`` (session): URL of a ThreadedMotoServer on a free loopback port.
+- ``upstream`` (session): boto3 client straight to moto (the "real" bucket).
+- ``gateway`` (module): one running GatewayProcess shared by a test module.
+- ``s3`` (module): boto3 client to ``gateway`` (path-style, no retries).
+- ``bucket`` (function): a unique bucket created directly in moto.
+- ``fresh_gateway`` (function): a GatewayProcess with its own data dir (crash tests).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import (
+    GatewayProcess,
+    start_moto,
+    unique_bucket_name,
+    upstream_client,
+)
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    server, url = start_moto()
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def upstream(moto_server: str) -> Any:
+    return upstream_client(moto_server)
+
+
+def _teardown_gateway(gw: GatewayProcess) -> None:
+    crashed = gw.proc is not None and not gw.running
+    rc = gw.proc.returncode if gw.proc is not None else None
+    gw.stop()
+    if crashed:
+        pytest.fail(
+            f"gateway process died during the tests (exit status {rc}):\n{gw.log_tail()}",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="module")
+def gateway(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    base = tmp_path_factory.mktemp("gateway")
+    gw = GatewayProcess(base / "data", moto_server)
+    gw.start()
+    try:
+        yield gw
+    finally:
+        _teardown_gateway(gw)
+
+
+@pytest.fixture(scope="module")
+def s3(gateway: GatewayProcess) -> Any:
+    return gateway.client()
+
+
+@pytest.fixture
+def bucket(upstream: Any) -> str:
+    name = unique_bucket_name()
+    upstream.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def fresh_gateway(moto_server: str, tmp_path: Path) -> Iterator[GatewayProcess]:
+    gw = GatewayProcess(tmp_path / "data", moto_server)
+    gw.start()
+    try:
+        yield gw
+    finally:
+        _teardown_gateway(gw)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for gw in list(GatewayProcess.live):
+            report.sections.append(
+                (f"gateway log (port {gw.port}, {gw.log_path})", gw.log_tail(60))
+            )
