@@ -279,3 +279,11 @@ class EntityTooSmall(S3Error):
     code = "EntityTooSmall"
     status = 400
     default_message = "Your proposed upload is smaller than the minimum allowed object size."
+
+
+class NotModified(S3Error):
+    """304: rendered without a body (as S3 does)."""
+
+    code = "NotModified"
+    status = 304
+    default_message = "Not Modified"

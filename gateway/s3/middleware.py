@@ -33,7 +33,7 @@ class RequestIdFilter(logging.Filter):
 def render_error(request: web.Request, exc: S3Error) -> web.Response:
     body = (
         b""
-        if request.method == "HEAD"
+        if request.method == "HEAD" or exc.status == 304
         else error_document(
             exc.code,
             exc.message,

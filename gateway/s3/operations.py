@@ -112,3 +112,20 @@ class ListParts(ObjectOperation):
 @dataclass(frozen=True, slots=True)
 class ListMultipartUploads(BucketOperation):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class CopyObject(ObjectOperation):
+    copy_source: str  # the raw x-amz-copy-source header (parsed by the handler)
+
+
+@dataclass(frozen=True, slots=True)
+class UploadPartCopy(ObjectOperation):
+    upload_id: str
+    part_number: str
+    copy_source: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteObjects(BucketOperation):
+    pass

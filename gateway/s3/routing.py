@@ -123,6 +123,8 @@ def _bucket_operation(method: str, bucket: str, query: Mapping[str, str]) -> ops
             return ops.GetBucketLocation(bucket)
         if method == "GET" and sub == ["uploads"]:
             return ops.ListMultipartUploads(bucket)
+        if method == "POST" and sub == ["delete"]:
+            return ops.DeleteObjects(bucket)
         return ops.Unsupported(f"{method} ?{sub[0]}")
     if method == "GET":
         return (
@@ -152,7 +154,7 @@ def _object_operation(
         return ops.Unsupported("versioned object access")
     if method == "PUT":
         if "x-amz-copy-source" in headers:
-            return ops.Unsupported("CopyObject")
+            return ops.CopyObject(bucket, key, headers["x-amz-copy-source"])
         return ops.PutObject(bucket, key)
     table: dict[str, type[ops.ObjectOperation]] = {
         "GET": ops.GetObject,
@@ -176,7 +178,9 @@ def _multipart_operation(
     upload_id = query["uploadId"]
     if method == "PUT" and "partNumber" in query:
         if "x-amz-copy-source" in headers:
-            return ops.Unsupported("UploadPartCopy")
+            return ops.UploadPartCopy(
+                bucket, key, upload_id, query["partNumber"], headers["x-amz-copy-source"]
+            )
         return ops.UploadPart(bucket, key, upload_id, query["partNumber"])
     table: dict[
         str, type[ops.CompleteMultipartUpload | ops.AbortMultipartUpload | ops.ListParts]

@@ -26,7 +26,8 @@ CASES = [
     ("GET", "h", "/b1/k", {"versionId": "3"}, {}, ops.Unsupported("versioned object access")),
     ("GET", "h", "/b1/k", {"tagging": ""}, {}, ops.Unsupported("GET ?tagging")),
     ("GET", "h", "/b1", {"policy": ""}, {}, ops.Unsupported("GET ?policy")),
-    ("PUT", "h", "/b1/k", {}, {"x-amz-copy-source": "/b1/j"}, ops.Unsupported("CopyObject")),
+    ("PUT", "h", "/b1/k", {}, {"x-amz-copy-source": "/b1/j"}, ops.CopyObject("b1", "k", "/b1/j")),
+    ("POST", "h", "/b1", {"delete": ""}, {}, ops.DeleteObjects("b1")),
     ("POST", "h", "/b1/k", {"uploads": ""}, {}, ops.CreateMultipartUpload("b1", "k")),
     (
         "PUT",
@@ -42,7 +43,7 @@ CASES = [
         "/b1/k",
         {"uploadId": "u", "partNumber": "3"},
         {"x-amz-copy-source": "/b/x"},
-        ops.Unsupported("UploadPartCopy"),
+        ops.UploadPartCopy("b1", "k", "u", "3", "/b/x"),
     ),
     ("POST", "h", "/b1/k", {"uploadId": "u"}, {}, ops.CompleteMultipartUpload("b1", "k", "u")),
     ("DELETE", "h", "/b1/k", {"uploadId": "u"}, {}, ops.AbortMultipartUpload("b1", "k", "u")),
