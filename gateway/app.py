@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,9 +141,12 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     await s3_runner.setup()
     await admin_runner.setup()
     stack.push_async_callback(admin_runner.cleanup)
-    for runner, where in ((s3_runner, settings.listen), (admin_runner, settings.admin_listen)):
-        ep = _split(where)
-        await web.TCPSite(runner, ep.host, ep.port, reuse_address=True).start()
+    s3_ep, admin_ep = _split(settings.listen), _split(settings.admin_listen)
+    tls = _tls_context(settings)
+    await web.TCPSite(
+        s3_runner, s3_ep.host, s3_ep.port, ssl_context=tls, reuse_address=True
+    ).start()
+    await web.TCPSite(admin_runner, admin_ep.host, admin_ep.port, reuse_address=True).start()
     admin.is_ready = True
     _announce(settings, endpoint, credentials)
 
@@ -169,13 +173,21 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         )
 
 
+def _tls_context(settings: Settings) -> ssl.SSLContext | None:
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    return context
+
+
 def _filesystem_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_blocks * st.f_frsize
 
 
 def _announce(settings: Settings, upstream: str | None, credentials: dict[str, str]) -> None:
-    s3 = f"http://{settings.listen}"
+    s3 = f"{'https' if settings.tls_cert else 'http'}://{settings.listen}"
     log.info(
         "S3 endpoint %s, admin http://%s, data in %s (durability=%s)",
         s3,

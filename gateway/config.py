@@ -99,6 +99,9 @@ class Settings:
     min_part_bytes: int = 5 * MiB
     # On SIGTERM keep flushing this long before exiting (what is left resumes next start).
     shutdown_drain_timeout_s: float = 30.0
+    # Serve the S3 listener over https with this certificate chain and key (PEM files).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     # Bucket created in the embedded demo upstream.
     demo_bucket: str = "demo"
     log_level: str = "info"
@@ -131,6 +134,8 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "max_object_bytes": (parse_size, "largest PutObject body or part"),
     "min_part_bytes": (parse_size, "smallest non-last multipart part"),
     "shutdown_drain_timeout_s": (float, "seconds to keep flushing after SIGTERM"),
+    "tls_cert": (Path, "PEM certificate chain: serve S3 over https"),
+    "tls_key": (Path, "PEM private key for --tls-cert"),
     "demo_bucket": (str, "bucket created in the embedded demo upstream"),
     "log_level": (_choice("debug", "info", "warning", "error"), "log level"),
 }
@@ -202,5 +207,7 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("access-key and secret-key go together")
     if not settings.is_demo and settings.access_key is None:
         raise ConfigError("access-key/secret-key are required with an upstream endpoint")
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise ConfigError("tls-cert and tls-key go together")
     if settings.flush_concurrency < 1:
         raise ConfigError("flush-concurrency must be at least 1")
