@@ -23,6 +23,8 @@ from gateway.admin.api import AdminServices, build_admin_app
 from gateway.clock import SystemClock
 from gateway.config import Settings
 from gateway.core.buckets import BucketService
+from gateway.core.copy import CopyService
+from gateway.core.deletes import DeleteService
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
@@ -105,20 +107,34 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
             await upstream.create_bucket(settings.demo_bucket, None)
 
     buckets = BucketService(journal, blobs, upstream, clock)
+    uploads = UploadJournal(journal)
+    multipart = MultipartService(
+        uploads,
+        blobs,
+        buckets,
+        clock,
+        max_part_bytes=settings.max_object_bytes,
+        min_part_bytes=settings.min_part_bytes,
+    )
     s3 = S3Services(
         objects=ObjectService(
             journal, blobs, upstream, buckets, clock, max_object_bytes=settings.max_object_bytes
         ),
         buckets=buckets,
         listing=ListingService(journal, upstream),
-        multipart=MultipartService(
-            UploadJournal(journal),
+        multipart=multipart,
+        copy=CopyService(
+            journal,
+            uploads,
             blobs,
+            upstream,
             buckets,
+            multipart,
             clock,
+            max_object_bytes=settings.max_object_bytes,
             max_part_bytes=settings.max_object_bytes,
-            min_part_bytes=settings.min_part_bytes,
         ),
+        deletes=DeleteService(journal, blobs, buckets, clock),
         credentials=credentials,
         region=settings.upstream_region,
         domain=settings.domain,
@@ -136,7 +152,9 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     capacity = settings.capacity_bytes or _filesystem_bytes(data_dir)
     admin = AdminServices(journal=journal, flusher=flusher, clock=clock, capacity_bytes=capacity)
 
-    s3_runner = web.AppRunner(build_s3_app(s3), handle_signals=False, shutdown_timeout=10.0)
+    s3_runner = web.AppRunner(
+        build_s3_app(s3), handle_signals=False, shutdown_timeout=10.0, auto_decompress=False
+    )
     admin_runner = web.AppRunner(build_admin_app(admin), handle_signals=False, access_log=None)
     await s3_runner.setup()
     await admin_runner.setup()

@@ -287,3 +287,11 @@ class NotModified(S3Error):
     code = "NotModified"
     status = 304
     default_message = "Not Modified"
+
+
+class InvalidPartNumber(S3Error):
+    """GET/HEAD ``?partNumber=N`` for a part the object does not have."""
+
+    code = "InvalidPartNumber"
+    status = 416
+    default_message = "The requested partnumber is not satisfiable"

@@ -41,6 +41,8 @@ class PartRef:
     blob_id: str
     size_bytes: int
     etag: str
+    # The part's checksum (base64) in the object's multipart checksum algorithm, if any.
+    checksum: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

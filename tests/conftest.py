@@ -7,12 +7,14 @@ Fixtures:
 - ``s3`` (module): boto3 client to ``gateway`` (path-style, no retries).
 - ``bucket`` (function): a unique bucket created directly in moto.
 - ``fresh_gateway`` (function): a GatewayProcess with its own data dir (crash tests).
+- ``gateway_factory`` (function): ``gateway_factory(extra_args=[...], ...)`` starts a
+  GatewayProcess with its own data dir and options; all are stopped after the test.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ def upstream(moto_server: str) -> Any:
 
 
 def _teardown_gateway(gw: GatewayProcess) -> None:
-    crashed = gw.proc is not None and not gw.running
+    crashed = gw.crashed
     rc = gw.proc.returncode if gw.proc is not None else None
     gw.stop()
     if crashed:
@@ -84,6 +86,24 @@ def fresh_gateway(moto_server: str, tmp_path: Path) -> Iterator[GatewayProcess]:
         yield gw
     finally:
         _teardown_gateway(gw)
+
+
+@pytest.fixture
+def gateway_factory(moto_server: str, tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    started: list[GatewayProcess] = []
+
+    def make(start: bool = True, **kwargs: Any) -> GatewayProcess:
+        gw = GatewayProcess(tmp_path / f"data{len(started)}", moto_server, **kwargs)
+        started.append(gw)
+        if start:
+            gw.start()
+        return gw
+
+    try:
+        yield make
+    finally:
+        for gw in started:
+            _teardown_gateway(gw)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import hashlib
 import hmac
 import http.client
@@ -345,6 +346,40 @@ def signed_chunked_body_length(data_len: int, chunk_size: int = 64 * 1024) -> in
     return sum(len(f"{s:x};chunk-signature=") + 64 + 2 + s + 2 for s in sizes)
 
 
+# --------------------------------------------------------------------------- client clock
+
+
+@contextlib.contextmanager
+def client_clock_offset(offset: datetime.timedelta) -> Iterator[None]:
+    """Make botocore sign requests as if its clock were off by ``offset``.
+
+    Patches the pure-Python signer and, when awscrt is installed, the CRT signer botocore
+    then prefers.
+    """
+    import botocore.auth
+
+    modules: list[Any] = [botocore.auth]
+    try:
+        import botocore.crt.auth
+
+        modules.append(botocore.crt.auth)
+    except ImportError:
+        pass
+
+    def fake_now(remove_tzinfo: bool = True) -> datetime.datetime:
+        now = datetime.datetime.now(datetime.UTC) + offset
+        return now.replace(tzinfo=None) if remove_tzinfo else now
+
+    saved = [(m, m.get_current_datetime) for m in modules if hasattr(m, "get_current_datetime")]
+    for module, _ in saved:
+        module.get_current_datetime = fake_now
+    try:
+        yield
+    finally:
+        for module, original in saved:
+            module.get_current_datetime = original
+
+
 # --------------------------------------------------------------------------- name resolution
 
 
@@ -460,6 +495,7 @@ class GatewayProcess:
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._stopped_on_purpose = False
 
     # ---- addresses
 
@@ -529,6 +565,7 @@ class GatewayProcess:
             raise GatewayError("gateway already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.starts += 1
+        self._stopped_on_purpose = False
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== start #{self.starts}: {' '.join(self.command())}\n".encode())
             log.flush()
@@ -578,6 +615,24 @@ class GatewayProcess:
         return self.proc is not None and self.proc.poll() is None
 
     @property
+    def crashed(self) -> bool:
+        """The process exited although nobody stopped or killed it."""
+        return self.proc is not None and not self.running and not self._stopped_on_purpose
+
+    def send_signal(self, signum: int) -> None:
+        """Deliver a signal without waiting (e.g. SIGTERM, then watch the shutdown)."""
+        assert self.proc is not None
+        self._stopped_on_purpose = True
+        self.proc.send_signal(signum)
+
+    def wait_exit(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """Wait for the process to exit (after ``send_signal``); returns its exit status."""
+        assert self.proc is not None
+        rc = self.proc.wait(timeout)
+        self._forget()
+        return rc
+
+    @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
@@ -586,6 +641,7 @@ class GatewayProcess:
         """SIGTERM, wait up to ``timeout``, then SIGKILL. Returns the exit status."""
         if self.proc is None:
             return None
+        self._stopped_on_purpose = True
         proc = self.proc
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -601,6 +657,7 @@ class GatewayProcess:
         """SIGKILL: the process gets no chance to flush or clean up."""
         if self.proc is None:
             return
+        self._stopped_on_purpose = True
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
@@ -702,7 +759,9 @@ class GatewayProcess:
         result: dict[str, Any] = self.admin_get(path, timeout=timeout + 30)
         return result
 
-    def drained(self, bucket: str | None = None, prefix: str | None = None, timeout: float = 30):
+    def drained(
+        self, bucket: str | None = None, prefix: str | None = None, timeout: float = 30
+    ) -> dict[str, Any]:
         """Drain and assert it finished; returns the drain body."""
         result = self.drain(bucket=bucket, prefix=prefix, timeout=timeout)
         assert result["drained"] is True, f"drain did not finish: {result}"

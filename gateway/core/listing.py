@@ -43,13 +43,24 @@ def resume_after(marker: str, prefix: str, delimiter: str) -> str:
     return marker
 
 
+def successor(prefix: str) -> str:
+    """The least string greater than every string starting with ``prefix`` (UTF-8 order)."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars.pop())
+        if code < 0x10FFFF:
+            nxt = 0xE000 if code == 0xD7FF else code + 1  # skip the surrogate block
+            return "".join(chars) + chr(nxt)
+    return ""  # only an all-U+10FFFF prefix gets here; nothing sorts after it
+
+
 async def _local(
     journal: Journal, bucket: str, prefix: str, delimiter: str, after: str
 ) -> AsyncGenerator[_Item, None]:
-    cursor = after
+    cursor, inclusive = after, False
     while True:
-        rows = await journal.scan(bucket, prefix, cursor, _BATCH)
-        seeked = False
+        rows = await journal.scan(bucket, prefix, cursor, _BATCH, inclusive=inclusive)
+        seeked, inclusive = False, False
         for row in rows:
             name = row.meta.key
             rolled = common_prefix(name, prefix, delimiter)
@@ -57,9 +68,12 @@ async def _local(
                 cursor = name
                 if row.is_delete:
                     continue  # a deleted key alone does not make a prefix
-                yield _Item(ListEntry(name=rolled, is_prefix=True))
-                cursor = rolled + _AFTER_ALL
-                seeked = True
+                if rolled > after:  # a prefix at or before the marker was listed already
+                    yield _Item(ListEntry(name=rolled, is_prefix=True))
+                # Seek past everything under the prefix in one step.
+                cursor, inclusive, seeked = successor(rolled), True, True
+                if not cursor:
+                    return
                 break
             m = row.meta
             yield _Item(
@@ -109,6 +123,8 @@ async def list_objects(
     max_keys: int,
 ) -> ListPage:
     """One page of the merged listing: at most ``max_keys`` keys and prefixes after ``after``."""
+    if max_keys <= 0:
+        return ListPage((), False, None)  # S3: an empty, complete page
     local = _local(journal, bucket, prefix, delimiter, after)
     remote = _remote(upstream, bucket, prefix, delimiter, after)
     lhs = await anext(local, None)

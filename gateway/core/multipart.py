@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gateway.checksums import CHECKSUM_ALGORITHMS, composite, full_object, is_crc
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.ingest import ingest, validate_key
 from gateway.errors import (
+    BadDigest,
     EntityTooSmall,
     InvalidArgument,
     InvalidPart,
@@ -27,6 +29,7 @@ from gateway.errors import (
 )
 from gateway.models import ObjectMeta, PartRef, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
+from gateway.store.journal import RowCheck
 from gateway.store.uploads import Part, Upload, UploadJournal
 
 MAX_PART_NUMBER = 10_000
@@ -34,10 +37,11 @@ MAX_PART_NUMBER = 10_000
 
 @dataclass(frozen=True, slots=True)
 class CompletedPart:
-    """A (PartNumber, ETag) pair from the CompleteMultipartUpload request body."""
+    """A part named in the CompleteMultipartUpload body (checksums as ``Checksum<ALG>``)."""
 
     part_number: int
     etag: str
+    checksums: Mapping[str, str] = field(default_factory=dict)
 
 
 def multipart_etag(part_md5s: Sequence[str]) -> str:
@@ -74,8 +78,11 @@ class MultipartService:
         content_type: str,
         user_metadata: Mapping[str, str],
         headers: Mapping[str, str],
+        checksum_algorithm: str | None = None,
+        checksum_type: str | None = None,
     ) -> str:
         validate_key(key)
+        algorithm, kind = _checksum_config(checksum_algorithm, checksum_type)
         await self._buckets.require(bucket)
         upload_id = secrets.token_urlsafe(24)
         await self._uploads.create(
@@ -87,6 +94,8 @@ class MultipartService:
                 content_type,
                 dict(user_metadata),
                 dict(headers),
+                algorithm,
+                kind,
             )
         )
         return upload_id
@@ -125,8 +134,17 @@ class MultipartService:
         return part
 
     async def complete(
-        self, bucket: str, key: str, upload_id: str, requested: Sequence[CompletedPart]
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        requested: Sequence[CompletedPart],
+        expected: Mapping[str, str] | None = None,
+        check: RowCheck | None = None,
     ) -> ObjectMeta:
+        """Validate and commit. ``expected`` holds whole-object ``x-amz-checksum-*`` values
+        the client sent with the request (verified against the computed one). ``check``
+        (from ObjectService.write_guard) re-checks a conditional write inside the commit."""
         upload = await self.upload(bucket, key, upload_id)
         if not requested:
             raise InvalidRequest("You must specify at least one part")
@@ -137,6 +155,8 @@ class MultipartService:
                 raise InvalidPartOrder()
             part = stored.get(want.part_number)
             if part is None or want.etag.strip().strip('"').lower() != part.etag:
+                raise InvalidPart(PartNumber=str(want.part_number), ETag=want.etag)
+            if any(part.checksums.get(a) != v for a, v in want.checksums.items()):
                 raise InvalidPart(PartNumber=str(want.part_number), ETag=want.etag)
             chosen.append(part)
         for part in chosen[:-1]:
@@ -153,9 +173,16 @@ class MultipartService:
             content_type=upload.content_type,
             user_metadata=upload.user_metadata,
             headers=upload.headers,
+            checksums=_object_checksum(upload, chosen, expected or {}),
         )
-        refs = tuple(PartRef(p.blob_id, p.size_bytes, p.etag) for p in chosen)
-        _, discard = await self._uploads.complete(upload_id, meta, refs, self._clock.wall())
+        algorithm = upload.checksum_algorithm
+        refs = tuple(
+            PartRef(
+                p.blob_id, p.size_bytes, p.etag, p.checksums.get(algorithm) if algorithm else None
+            )
+            for p in chosen
+        )
+        _, discard = await self._uploads.complete(upload_id, meta, refs, self._clock.wall(), check)
         await self._blobs.discard(discard)
         return meta
 
@@ -176,3 +203,43 @@ class MultipartService:
         await self._buckets.require(bucket)
         found = await self._uploads.list(bucket, prefix, key_marker, upload_id_marker, limit + 1)
         return found[:limit], len(found) > limit
+
+
+def _checksum_config(algorithm: str | None, kind: str | None) -> tuple[str | None, str | None]:
+    """Validate CreateMultipartUpload's checksum algorithm and type (S3's defaults: COMPOSITE,
+    except CRC64NVME which only exists as FULL_OBJECT)."""
+    if algorithm is None:
+        if kind is not None:
+            raise InvalidRequest("x-amz-checksum-type requires x-amz-checksum-algorithm.")
+        return None, None
+    algorithm = algorithm.lower()
+    if algorithm not in CHECKSUM_ALGORITHMS:
+        raise InvalidRequest(f"Checksum algorithm {algorithm} is not supported.")
+    kind = (kind or ("FULL_OBJECT" if algorithm == "crc64nvme" else "COMPOSITE")).upper()
+    if kind not in ("COMPOSITE", "FULL_OBJECT"):
+        raise InvalidRequest(f"Invalid x-amz-checksum-type {kind}.")
+    if (kind == "FULL_OBJECT" and not is_crc(algorithm)) or (
+        kind == "COMPOSITE" and algorithm == "crc64nvme"
+    ):
+        raise InvalidRequest(f"The {kind} checksum type cannot be used with {algorithm.upper()}.")
+    return algorithm, kind
+
+
+def _object_checksum(
+    upload: Upload, parts: Sequence[Part], expected: Mapping[str, str]
+) -> dict[str, str]:
+    """The multipart object's checksum (composite ``b64-N`` or full-object), if every part
+    carries one in the upload's algorithm; a whole-object value the client sent must match."""
+    algorithm = upload.checksum_algorithm
+    if algorithm is None or any(algorithm not in p.checksums for p in parts):
+        return {}
+    if upload.checksum_type == "FULL_OBJECT":
+        value = full_object(algorithm, [(p.checksums[algorithm], p.size_bytes) for p in parts])
+    else:
+        value = composite(algorithm, [p.checksums[algorithm] for p in parts])
+    sent = expected.get(algorithm)
+    if sent is not None and sent != value and sent != value.split("-")[0]:
+        raise BadDigest(
+            f"The {algorithm.upper()} you specified did not match the calculated checksum."
+        )
+    return {algorithm: value}

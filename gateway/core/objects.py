@@ -3,6 +3,12 @@
 Writes land locally (blob fsync, then journal COMMIT) and are acknowledged from there; the
 flusher uploads them later. Reads prefer the local version (read-after-write, including
 deletes) and fall through to the upstream for keys the gateway has never seen.
+
+Reads evaluate preconditions first (412 / 304), then the range or part (416); a local body
+is read from the right offset of the right part file, never from its start. Conditional
+writes (``If-None-Match: *``, ``If-Match``) are checked once before the body is taken (to
+fail fast) and again inside the commit transaction (so a concurrent write of the same key
+through this gateway cannot slip in between).
 """
 
 from __future__ import annotations
@@ -10,32 +16,56 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
+from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.ingest import ingest, validate_key
-from gateway.errors import NoSuchKey
+from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range
+from gateway.errors import InvalidRange, NoSuchKey, NotModified
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
-from gateway.store.journal import Journal
+from gateway.store.journal import Journal, RowCheck
 from gateway.upstream.client import Upstream
 
 _READ_PIECE_BYTES = 1 << 20
+_NO_CONDITIONS = Preconditions()
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """What a GET/HEAD asks for besides the key: one byte range or one part, and
+    preconditions. ``range`` and ``part_number`` are never both set (S3 refuses that)."""
+
+    range: RangeSpec | None = None
+    part_number: int | None = None
+    cond: Preconditions = field(default_factory=Preconditions)
+
+
+_WHOLE = ReadOptions()
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectHead:
-    """What HEAD returns: the version's metadata and where it stands in the flush."""
+    """What HEAD returns: the version's metadata and where it stands in the flush.
+
+    ``byte_range`` is set for a 206 (range or part), ``parts_count`` for a part of a
+    multipart object, ``is_not_modified`` for a 304.
+    """
 
     meta: ObjectMeta
     state: FlushState
+    byte_range: ByteRange | None = None
+    parts_count: int | None = None
+    is_not_modified: bool = False
 
 
 @dataclass(slots=True)
 class ObjectBody:
-    """A GET in progress: ``chunks()`` streams the body once and releases its source."""
+    """A GET in progress: ``chunks()`` streams the selected bytes once and releases its
+    source (also when closed early)."""
 
     head: ObjectHead
     _chunks: AsyncIterator[bytes]
@@ -46,8 +76,8 @@ class ObjectBody:
 
 class ObjectService:
     """Contract: ``put_object`` MUST NOT return before the body and its journal row are
-    durable, and MUST leave nothing visible when it raises. Reads MUST see every
-    acknowledged write and delete at once."""
+    durable, and MUST leave nothing visible when it raises (a failed precondition
+    included). Reads MUST see every acknowledged write and delete at once."""
 
     def __init__(
         self,
@@ -66,9 +96,12 @@ class ObjectService:
         self._clock = clock
         self._max_object_bytes = max_object_bytes
 
-    async def put_object(self, req: PutRequest, body: RequestBody) -> ObjectMeta:
+    async def put_object(
+        self, req: PutRequest, body: RequestBody, cond: Preconditions = _NO_CONDITIONS
+    ) -> ObjectMeta:
         validate_key(req.key)
         await self._buckets.require(req.bucket)
+        check = await self.write_guard(req.bucket, req.key, cond)
         blob, checksums = await ingest(self._blobs, req, body, max_bytes=self._max_object_bytes)
         try:
             meta = ObjectMeta(
@@ -82,12 +115,41 @@ class ObjectService:
                 headers=req.headers,
                 checksums=checksums,
             )
-            _, superseded = await self._journal.commit_put(meta, blob.blob_id, self._clock.wall())
+            _, superseded = await self._journal.commit_put(
+                meta, blob.blob_id, self._clock.wall(), check
+            )
         except BaseException:
             await asyncio.shield(self._blobs.discard([blob.blob_id]))
             raise
         await self._blobs.discard(superseded)
         return meta
+
+    async def write_guard(self, bucket: str, key: str, cond: Preconditions) -> RowCheck | None:
+        """Conditional write (PutObject, CompleteMultipartUpload): check ``cond`` against the
+        key's current version now, and return the check to repeat inside the commit
+        transaction (None without conditions).
+
+        The current version is the local row (a tombstone is a missing key), else the
+        upstream's object (one HEAD). Inside the transaction a local row, if any, decides;
+        a row that has vanished since (a flushed tombstone) leaves what was seen here.
+        """
+        if cond.is_empty:
+            return None
+        local = await self._journal.get(bucket, key)
+        if local is not None:
+            seen = None if local.is_delete else local.meta.etag
+        else:
+            try:
+                seen = (await self._upstream.head_object(bucket, key)).etag
+            except NoSuchKey:
+                seen = None
+        check_write(cond, seen, key)
+
+        def check(row: LocalObject | None) -> None:
+            etag = seen if row is None else (None if row.is_delete else row.meta.etag)
+            check_write(cond, etag, key)
+
+        return check
 
     async def delete_object(self, bucket: str, key: str) -> None:
         validate_key(key)
@@ -95,29 +157,72 @@ class ObjectService:
         _, superseded = await self._journal.commit_delete(bucket, key, self._clock.wall())
         await self._blobs.discard(superseded)
 
-    async def head_object(self, bucket: str, key: str) -> ObjectHead:
+    async def head_object(self, bucket: str, key: str, read: ReadOptions = _WHOLE) -> ObjectHead:
         validate_key(key)
         await self._buckets.require(bucket)
         local = await self._journal.get(bucket, key)
         if local is not None:
-            return _local_head(local)
-        return ObjectHead(await self._upstream.head_object(bucket, key), FlushState.DURABLE)
+            return select(local, read)
+        if read.part_number is not None:
+            part = await self._upstream.head_part(bucket, key, read.part_number)
+            head = ObjectHead(
+                part.meta,
+                FlushState.DURABLE,
+                parse_content_range(part.content_range),
+                part.parts_count,
+            )
+        else:
+            head = ObjectHead(await self._upstream.head_object(bucket, key), FlushState.DURABLE)
+        return _apply(head, read)
 
-    async def get_object(self, bucket: str, key: str) -> ObjectBody:
+    async def get_object(self, bucket: str, key: str, read: ReadOptions = _WHOLE) -> ObjectBody:
         validate_key(key)
         await self._buckets.require(bucket)
         for _ in range(3):
             local = await self._journal.get(bucket, key)
             if local is None:
-                remote = await self._upstream.get_object(bucket, key)
-                return ObjectBody(ObjectHead(remote.meta, FlushState.DURABLE), remote.chunks())
-            head = _local_head(local)
+                return await self._upstream_get(bucket, key, read)
+            head = select(local, read)
+            if head.is_not_modified:
+                return ObjectBody(head, _no_chunks())
+            span = head.byte_range or ByteRange(0, local.meta.size_bytes - 1, local.meta.size_bytes)
+            pieces = _pieces(local, span.start, span.length)
             try:
-                files = await asyncio.to_thread(self._open_all, local.blob_ids)
+                files = await asyncio.to_thread(self._open_all, [p[0] for p in pieces])
             except FileNotFoundError:
                 continue  # superseded between lookup and open: look again
-            return ObjectBody(head, _read_files(files))
+            return ObjectBody(head, _read_files(files, pieces))
         raise NoSuchKey(Key=key)  # pragma: no cover - three overwrites in a row while opening
+
+    async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
+        """Read-through: the upstream evaluates range, part and preconditions in one GET."""
+        try:
+            remote = await self._upstream.get_object(
+                bucket,
+                key,
+                range_header=read.range.header() if read.range else None,
+                part_number=read.part_number,
+                preconditions=_condition_headers(read.cond),
+            )
+        except NotModified:
+            # A 304 carries the validators; the upstream's came without a body to parse.
+            meta = await self._upstream.head_object(bucket, key)
+            return ObjectBody(
+                ObjectHead(meta, FlushState.DURABLE, is_not_modified=True), _no_chunks()
+            )
+        except InvalidRange:
+            meta = await self._upstream.head_object(bucket, key)
+            assert read.range is not None
+            raise InvalidRange(
+                RangeRequested=read.range.header(), ActualObjectSize=str(meta.size_bytes)
+            ) from None
+        head = ObjectHead(
+            remote.meta,
+            FlushState.DURABLE,
+            parse_content_range(remote.content_range),
+            remote.parts_count,
+        )
+        return ObjectBody(head, remote.chunks())
 
     def _open_all(self, blob_ids: list[str]) -> list[BinaryIO]:
         """Open every body file up front, so a later unlink cannot cut a read short."""
@@ -135,16 +240,88 @@ class ObjectService:
         return await self._journal.get(bucket, key)
 
 
-def _local_head(local: LocalObject) -> ObjectHead:
+def check_write(cond: Preconditions, etag: str | None, key: str) -> None:
+    """A conditional write against the current version (``etag`` None: no such key).
+
+    S3: ``If-Match`` on a missing key is 404 NoSuchKey; a mismatch is 412; ``If-None-Match:
+    *`` on an existing key is 412.
+    """
+    if cond.if_match is not None and etag is None:
+        raise NoSuchKey(Key=key)
+    evaluate(cond, etag, None, is_read=False)
+
+
+def select(local: LocalObject, read: ReadOptions) -> ObjectHead:
+    """What a GET/HEAD of this local row returns: 404, 412, 304, 416, 206 or 200."""
     if local.is_delete:
         raise NoSuchKey(Key=local.meta.key)
-    return ObjectHead(local.meta, local.state)
+    # S3 sends x-amz-mp-parts-count only for a part of a multipart object.
+    count = len(local.parts) if local.parts and read.part_number is not None else None
+    sizes = [p.size_bytes for p in local.parts] or [local.meta.size_bytes]
+    return _apply(ObjectHead(local.meta, local.state, parts_count=count), read, sizes)
 
 
-async def _read_files(files: list[BinaryIO]) -> AsyncIterator[bytes]:
+def _apply(head: ObjectHead, read: ReadOptions, part_sizes: list[int] | None = None) -> ObjectHead:
+    """Preconditions first (RFC 9110 order, as S3), then the range or the part (from
+    ``part_sizes``; without them ``head`` already carries the part's range)."""
+    meta = head.meta
     try:
-        for fobj in files:
-            while piece := await asyncio.to_thread(fobj.read, _READ_PIECE_BYTES):
+        evaluate(read.cond, meta.etag, meta.last_modified_s, is_read=True)
+    except NotModified:
+        return ObjectHead(meta, head.state, is_not_modified=True)
+    if part_sizes is not None and read.part_number is not None:
+        rng = part_range(part_sizes, read.part_number)
+        return ObjectHead(meta, head.state, rng, head.parts_count)
+    if read.range is not None:
+        return ObjectHead(meta, head.state, resolve_range(read.range, meta.size_bytes))
+    return head
+
+
+def _condition_headers(cond: Preconditions) -> dict[str, str]:
+    pairs = {
+        "If-Match": cond.if_match,
+        "If-None-Match": cond.if_none_match,
+        "If-Modified-Since": cond.if_modified_since,
+        "If-Unmodified-Since": cond.if_unmodified_since,
+    }
+    return {name: value for name, value in pairs.items() if value is not None}
+
+
+def _pieces(local: LocalObject, start: int, length: int) -> list[tuple[str, int, int]]:
+    """(blob id, offset in it, bytes to read) for each body file the span touches."""
+    files = (
+        [(p.blob_id, p.size_bytes) for p in local.parts]
+        if local.parts
+        else ([(local.blob_id, local.meta.size_bytes)] if local.blob_id else [])
+    )
+    out: list[tuple[str, int, int]] = []
+    file_start, end = 0, start + length
+    for blob_id, size in files:
+        file_end = file_start + size
+        if file_end > start and file_start < end:
+            offset = max(start, file_start) - file_start
+            out.append((blob_id, offset, min(end, file_end) - file_start - offset))
+        file_start = file_end
+    return out
+
+
+async def _no_chunks() -> AsyncIterator[bytes]:
+    return
+    yield  # pragma: no cover - makes this an async generator
+
+
+async def _read_files(
+    files: list[BinaryIO], pieces: list[tuple[str, int, int]]
+) -> AsyncIterator[bytes]:
+    try:
+        for fobj, (_, offset, count) in zip(files, pieces, strict=True):
+            if offset:
+                await asyncio.to_thread(fobj.seek, offset)
+            while count > 0:
+                piece = await asyncio.to_thread(fobj.read, min(count, _READ_PIECE_BYTES))
+                if not piece:
+                    raise OSError(f"body file ended {count} bytes early")
+                count -= len(piece)
                 yield piece
     finally:
         for fobj in files:

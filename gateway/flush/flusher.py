@@ -25,11 +25,15 @@ from gateway.flush.backoff import Backoff
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
-from gateway.upstream.classify import Fatal, FlushError, Throttled
+from gateway.upstream.classify import Fatal, FlushError, Retryable, Throttled
 from gateway.upstream.client import PartSource, Upstream
 
 log = logging.getLogger(__name__)
 _IDLE_POLL_S = 1.0  # re-check for rows whose backoff has expired
+
+
+class _Superseded(Exception):
+    """The version being flushed was replaced before its upload began."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +134,12 @@ class Flusher:
             for obj in claimed:
                 self._spawn(obj)
             if not claimed:
+                wait_s = _IDLE_POLL_S
+                next_s = await self._journal.next_retry_s()
+                if next_s is not None:
+                    wait_s = min(wait_s, max(0.0, next_s - self._clock.wall()))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._journal.pending_event.wait(), _IDLE_POLL_S)
+                    await asyncio.wait_for(self._journal.pending_event.wait(), wait_s)
 
     def _spawn(self, obj: LocalObject) -> None:
         ident = (obj.meta.bucket, obj.meta.key)
@@ -153,8 +161,14 @@ class Flusher:
         await self._admit(obj)
         try:
             await self._upload(obj)
+        except _Superseded:
+            return
         except FlushError as exc:
             await self._on_failure(obj, exc)
+            return
+        except Exception as exc:  # a bug below us must not strand the row in 'flushing'
+            log.exception("unexpected error flushing %s/%s", obj.meta.bucket, obj.meta.key)
+            await self._on_failure(obj, Retryable(f"unexpected {type(exc).__name__}: {exc}"))
             return
         self._uploads_ok += 1
         await self._journal.mark_durable(obj)
@@ -171,8 +185,10 @@ class Flusher:
             try:
                 opened = [files.enter_context(self._blobs.path(b).open("rb")) for b in obj.blob_ids]
             except FileNotFoundError as exc:
-                # Only a superseded version's blob is ever unlinked, and recording a failure
-                # against its seq is a no-op. A blob missing for a live row is a real fault.
+                # Only a superseded version's blob is ever unlinked: nothing to upload, the
+                # newer version has its own row. A blob missing for a live row is a fault.
+                if await self._is_superseded(obj):
+                    raise _Superseded() from exc
                 raise Fatal(f"local body missing: {exc}") from exc
             if obj.parts:
                 sources = [
@@ -184,6 +200,10 @@ class Flusher:
                 etag = await self._upstream.put_object(obj.meta, opened[0])
         if etag and etag != obj.meta.etag:
             raise Fatal(f"upstream ETag {etag} differs from acknowledged {obj.meta.etag}")
+
+    async def _is_superseded(self, obj: LocalObject) -> bool:
+        current = await self._journal.get(obj.meta.bucket, obj.meta.key)
+        return current is None or current.seq != obj.seq
 
     async def _on_failure(self, obj: LocalObject, exc: FlushError) -> None:
         self._last_error = f"{obj.meta.bucket}/{obj.meta.key}: {exc}"

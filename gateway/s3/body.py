@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
 from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import ClientError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from gateway.errors import IncompleteBody, InvalidArgument, MissingContentLength
+from gateway.errors import (
+    IncompleteBody,
+    InvalidArgument,
+    MalformedXML,
+    MissingContentLength,
+    XAmzContentSHA256Mismatch,
+)
 from gateway.s3.auth import AuthContext
 from gateway.s3.chunked import AwsChunkedBody
 
 _STREAMING = ("STREAMING-",)
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _TRUNCATED = (OSError, ClientError, HttpProcessingError, asyncio.IncompleteReadError)
 
 
@@ -60,3 +69,23 @@ def _int_header(value: str, name: str) -> int:
     if not value.isdigit():
         raise InvalidArgument(f"{name} must be a non-negative integer.")
     return int(value)
+
+
+async def read_document(
+    request: web.Request, auth: AuthContext, max_bytes: int
+) -> tuple[bytes, Mapping[str, str]]:
+    """A small request document (XML) read to its end, with the aws-chunked trailers.
+
+    ``StreamReader.read(n)`` may return fewer bytes than were sent, so this loops until EOF.
+    Over ``max_bytes`` is ``MalformedXML`` (what S3 answers for oversized documents); a
+    signed payload hash that does not match is ``XAmzContentSHA256Mismatch``."""
+    body, _ = request_body(request, auth)
+    raw = bytearray()
+    async for piece in body.chunks():
+        raw += piece
+        if len(raw) > max_bytes:
+            raise MalformedXML()
+    sha = request.headers.get("x-amz-content-sha256", "")
+    if _HEX64.fullmatch(sha) and sha.lower() != hashlib.sha256(raw).hexdigest():
+        raise XAmzContentSHA256Mismatch()
+    return bytes(raw), body.trailers

@@ -11,6 +11,8 @@ from aiohttp import web
 
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
+from gateway.core.copy import CopyService
+from gateway.core.deletes import DeleteService
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
@@ -28,6 +30,8 @@ class S3Services:
     buckets: BucketService
     listing: ListingService
     multipart: MultipartService
+    copy: CopyService
+    deletes: DeleteService
     credentials: Mapping[str, str]
     region: str
     domain: str | None

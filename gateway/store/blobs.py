@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +147,35 @@ class BlobStore:
         if self.fsync:
             os.fsync(dir_fd)
 
+    async def link(self, blob_ids: Sequence[str]) -> list[str]:
+        """New blobs sharing the bodies of ``blob_ids`` (hard links: no bytes are copied).
+
+        Each new id names its own directory entry, so a row referencing it can be superseded
+        (and its file unlinked) independently of the source's row. Returns only once every
+        new entry is durable (``fsync`` of each fan-out directory involved). Raises
+        FileNotFoundError if a source was unlinked meanwhile (its row was superseded); then
+        nothing new is left behind. Durability order: the caller commits a row referencing
+        the new ids only after this returns, and discards them if that commit fails.
+        """
+        if not blob_ids:
+            return []
+        return await asyncio.to_thread(self._link_all, list(blob_ids))
+
+    def _link_all(self, blob_ids: list[str]) -> list[str]:
+        made: list[str] = []
+        try:
+            for blob_id in blob_ids:
+                new_id = secrets.token_hex(16)
+                os.link(self.path(blob_id), self.path(new_id))
+                made.append(new_id)
+            if self.fsync:
+                for fan_out in sorted({new_id[:2] for new_id in made}):
+                    os.fsync(self._dir_fds[fan_out])
+        except BaseException:
+            self._unlink_all(made)
+            raise
+        return made
+
     async def discard(self, blob_ids: Iterable[str]) -> None:
         """Unlink blobs no committed row references. Missing files are fine (idempotent)."""
         ids = list(blob_ids)
@@ -168,8 +197,15 @@ class BlobStore:
         return removed
 
     def used_bytes(self) -> int:
-        """Bytes of all blob files (a scan; for startup and tests, not the hot path)."""
-        return sum(e.stat().st_size for sub in self._blobs.iterdir() for e in sub.iterdir())
+        """Bytes of all blob files (a scan; for startup and tests, not the hot path).
+
+        Hard links (copies) share one inode and are counted once, as the disk does."""
+        sizes: dict[int, int] = {}
+        for sub in self._blobs.iterdir():
+            for entry in sub.iterdir():
+                st = entry.stat()
+                sizes[st.st_ino] = st.st_size
+        return sum(sizes.values())
 
 
 def _write_piece(fd: int, data: bytes, hashers: dict[str, Hasher]) -> None:

@@ -21,7 +21,7 @@ import dataclasses
 import json
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -32,6 +32,9 @@ from gateway.models import BucketInfo, FlushState, LocalObject, ObjectMeta, Part
 from gateway.store.sqlite_writer import GroupWriter
 
 T = TypeVar("T")
+# A conditional-write check run inside a commit transaction: sees the key's current row
+# (None when the key has no local row) and raises an S3Error to refuse the write.
+RowCheck = Callable[[LocalObject | None], None]
 
 _COLUMNS = (
     "bucket, key, seq, state, is_delete, blob_id, size_bytes, etag, last_modified_s, "
@@ -135,15 +138,35 @@ class Journal:
     # -- acknowledged writes -----------------------------------------------------------------
 
     async def commit_put(
-        self, meta: ObjectMeta, blob_id: str, acked_s: float
+        self,
+        meta: ObjectMeta,
+        blob_id: str,
+        acked_s: float,
+        check: RowCheck | None = None,
     ) -> tuple[LocalObject, list[str]]:
         """Make ``meta`` (body in ``blob_id``) the newest version of its key, state pending.
 
+        ``check``, if given, sees the key's current row (None if there is none) inside the
+        same transaction and may raise to refuse the write (conditional writes): no other
+        write of the key can come between the check and the commit.
         Returns the new row and the superseded blob ids (to unlink after this returns).
         """
-        result = await self._write(lambda c: self.upsert(c, meta, blob_id, (), False, acked_s))
+
+        def op(conn: sqlite3.Connection) -> tuple[LocalObject, list[str]]:
+            if check is not None:
+                check(self.current(conn, meta.bucket, meta.key))
+            return self.upsert(conn, meta, blob_id, (), False, acked_s)
+
+        result = await self._write(op)
         self.pending_event.set()
         return result
+
+    def current(self, conn: sqlite3.Connection, bucket: str, key: str) -> LocalObject | None:
+        """Inside an op: the key's row (version or tombstone), or None."""
+        row = conn.execute(
+            f"SELECT {_COLUMNS} FROM objects WHERE bucket = ? AND key = ?", (bucket, key)
+        ).fetchone()
+        return _row(row) if row else None
 
     async def commit_delete(
         self, bucket: str, key: str, acked_s: float
@@ -151,6 +174,35 @@ class Journal:
         """Record a delete of ``key`` (a pending tombstone). Returns it and the superseded blob."""
         meta = ObjectMeta(bucket=bucket, key=key, size_bytes=0, etag="", last_modified_s=acked_s)
         result = await self._write(lambda c: self.upsert(c, meta, None, (), True, acked_s))
+        self.pending_event.set()
+        return result
+
+    async def commit_copy(
+        self, meta: ObjectMeta, blob_id: str | None, parts: tuple[PartRef, ...], acked_s: float
+    ) -> tuple[LocalObject, list[str]]:
+        """Make a copy the newest version of its key: a single body (``blob_id``) or the
+        ordered ``parts`` of a multipart body. The referenced blobs MUST be durable and owned
+        by this row alone (fresh hard links), since a superseded row's blobs are unlinked.
+        Returns the new row and the superseded blob ids (to unlink after this returns)."""
+        result = await self._write(lambda c: self.upsert(c, meta, blob_id, parts, False, acked_s))
+        self.pending_event.set()
+        return result
+
+    async def commit_deletes(self, bucket: str, keys: Sequence[str], acked_s: float) -> list[str]:
+        """Record deletes of every key in ``keys`` (pending tombstones) in ONE transaction:
+        either all are durable or none is. Returns the superseded blob ids."""
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            superseded: list[str] = []
+            for key in keys:
+                meta = ObjectMeta(
+                    bucket=bucket, key=key, size_bytes=0, etag="", last_modified_s=acked_s
+                )
+                _, old = self.upsert(conn, meta, None, (), True, acked_s)
+                superseded.extend(old)
+            return superseded
+
+        result = await self._write(op)
         self.pending_event.set()
         return result
 
@@ -222,13 +274,16 @@ class Journal:
 
         return await self._read(op)
 
-    async def scan(self, bucket: str, prefix: str, after: str, limit: int) -> list[LocalObject]:
-        """Rows of ``bucket`` whose key starts with ``prefix`` and sorts after ``after``,
-        in S3 (UTF-8 binary) order, tombstones included. At most ``limit`` rows."""
+    async def scan(
+        self, bucket: str, prefix: str, after: str, limit: int, *, inclusive: bool = False
+    ) -> list[LocalObject]:
+        """Rows of ``bucket`` whose key starts with ``prefix`` and sorts after ``after`` (or
+        at it, if ``inclusive``), in S3 (UTF-8 binary) order, tombstones included."""
+        bound = ">=" if inclusive else ">"
 
         def op(conn: sqlite3.Connection) -> list[LocalObject]:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM objects WHERE bucket = ? AND key > ? AND key >= ? "
+                f"SELECT {_COLUMNS} FROM objects WHERE bucket = ? AND key {bound} ? AND key >= ? "
                 "AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?",
                 (bucket, after, prefix, len(prefix), prefix, limit),
             ).fetchall()
@@ -268,6 +323,17 @@ class Journal:
             return [_with_state(o, FlushState.FLUSHING) for o in claimed]
 
         return await self._write(op)
+
+    async def next_retry_s(self) -> float | None:
+        """When the earliest backed-off pending row becomes eligible (wall clock), if any."""
+
+        def op(conn: sqlite3.Connection) -> float | None:
+            row = conn.execute(
+                "SELECT MIN(not_before_s) FROM objects WHERE state = 'pending' AND not_before_s > 0"
+            ).fetchone()
+            return None if row[0] is None else float(row[0])
+
+        return await self._read(op)
 
     async def mark_durable(self, obj: LocalObject) -> bool:
         """The upstream has ``obj``'s version. Tombstones are dropped. False if superseded."""
@@ -325,6 +391,7 @@ class Journal:
                 [(o.meta.bucket, o.meta.key, o.seq) for o in objs],
             )
         )
+        await self._notify()
 
     async def retry_failed(self) -> int:
         """Operator request: every failed row becomes pending again. Returns how many."""
@@ -514,7 +581,7 @@ def _row(r: tuple[Any, ...]) -> LocalObject:
         is_delete=bool(is_delete),
         attempts=attempts,
         last_error=last_error,
-        parts=tuple(PartRef(b, int(n), e) for b, n, e in json.loads(parts)) if parts else (),
+        parts=tuple(PartRef(*p) for p in json.loads(parts)) if parts else (),
     )
 
 
@@ -523,7 +590,11 @@ def _with_state(obj: LocalObject, state: FlushState) -> LocalObject:
 
 
 def _parts_json(parts: tuple[PartRef, ...]) -> str | None:
-    return json.dumps([[p.blob_id, p.size_bytes, p.etag] for p in parts]) if parts else None
+    return (
+        json.dumps([[p.blob_id, p.size_bytes, p.etag, p.checksum] for p in parts])
+        if parts
+        else None
+    )
 
 
 def _blob_ids(blob_id: str | None, parts: str | None) -> list[str]:

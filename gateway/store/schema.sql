@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS objects (
     state           TEXT    NOT NULL,          -- pending | flushing | durable | failed
     is_delete       INTEGER NOT NULL DEFAULT 0,-- 1: a tombstone (delete not yet upstream)
     blob_id         TEXT,                      -- single-part body; NULL for tombstones
-    parts           TEXT,                      -- multipart body: JSON [[blob_id, size, etag], ...]
+    parts           TEXT,                      -- multipart: JSON [[blob_id, size, etag, checksum], ...]
     size_bytes      INTEGER NOT NULL,
     etag            TEXT    NOT NULL,
     last_modified_s REAL    NOT NULL,
@@ -44,7 +44,9 @@ CREATE TABLE IF NOT EXISTS uploads (
     created_s       REAL NOT NULL,
     content_type    TEXT NOT NULL,
     user_metadata   TEXT NOT NULL,
-    headers         TEXT NOT NULL
+    headers         TEXT NOT NULL,
+    checksum_algorithm TEXT,                   -- x-amz-checksum-algorithm at create, lower-case
+    checksum_type   TEXT                       -- COMPOSITE | FULL_OBJECT
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (bucket, key, upload_id);

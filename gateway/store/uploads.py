@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gateway.errors import NoSuchUpload
 from gateway.models import LocalObject, ObjectMeta, PartRef
-from gateway.store.journal import Journal
+from gateway.store.journal import Journal, RowCheck
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,8 @@ class Upload:
     content_type: str
     user_metadata: dict[str, str]
     headers: dict[str, str]
+    checksum_algorithm: str | None = None
+    checksum_type: str | None = None  # COMPOSITE | FULL_OBJECT
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,8 @@ class UploadJournal:
         await self._journal.run_write(
             lambda c: c.execute(
                 "INSERT INTO uploads (upload_id, bucket, key, created_s, content_type, "
-                "user_metadata, headers) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "user_metadata, headers, checksum_algorithm, checksum_type) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     upload.upload_id,
                     upload.bucket,
@@ -62,6 +65,8 @@ class UploadJournal:
                     upload.content_type,
                     json.dumps(upload.user_metadata),
                     json.dumps(upload.headers),
+                    upload.checksum_algorithm,
+                    upload.checksum_type,
                 ),
             )
         )
@@ -69,8 +74,7 @@ class UploadJournal:
     async def get(self, upload_id: str) -> Upload | None:
         def op(conn: sqlite3.Connection) -> Upload | None:
             row = conn.execute(
-                "SELECT upload_id, bucket, key, created_s, content_type, user_metadata, headers "
-                "FROM uploads WHERE upload_id = ?",
+                "SELECT " + _UPLOAD_COLUMNS + " FROM uploads WHERE upload_id = ?",
                 (upload_id,),
             ).fetchone()
             return _upload(row) if row else None
@@ -115,13 +119,23 @@ class UploadJournal:
         return await self._journal.run_read(op)
 
     async def complete(
-        self, upload_id: str, meta: ObjectMeta, parts: tuple[PartRef, ...], acked_s: float
+        self,
+        upload_id: str,
+        meta: ObjectMeta,
+        parts: tuple[PartRef, ...],
+        acked_s: float,
+        check: RowCheck | None = None,
     ) -> tuple[LocalObject, list[str]]:
-        """Make the upload the key's newest version; returns it and blobs to unlink."""
+        """Make the upload the key's newest version; returns it and blobs to unlink.
+
+        ``check`` (conditional writes) sees the key's current row inside the transaction,
+        as in ``Journal.commit_put``; if it raises, the upload stays as it was."""
         used = {p.blob_id for p in parts}
 
         def op(conn: sqlite3.Connection) -> tuple[LocalObject, list[str]]:
             _require(conn, upload_id)
+            if check is not None:
+                check(self._journal.current(conn, meta.bucket, meta.key))
             unused = [
                 r[0]
                 for r in conn.execute("SELECT blob_id FROM parts WHERE upload_id = ?", (upload_id,))
@@ -158,7 +172,7 @@ class UploadJournal:
 
         def op(conn: sqlite3.Connection) -> list[Upload]:
             rows = conn.execute(
-                "SELECT upload_id, bucket, key, created_s, content_type, user_metadata, headers "
+                "SELECT " + _UPLOAD_COLUMNS + " "
                 "FROM uploads WHERE bucket = ? AND substr(key, 1, ?) = ? "
                 "AND (key > ? OR (key = ? AND upload_id > ?)) ORDER BY key, upload_id LIMIT ?",
                 (bucket, len(prefix), prefix, key_marker, key_marker, upload_id_marker, limit),
@@ -173,6 +187,22 @@ def _require(conn: sqlite3.Connection, upload_id: str) -> None:
         raise NoSuchUpload(UploadId=upload_id)
 
 
-def _upload(row: tuple[str, str, str, float, str, str, str]) -> Upload:
-    upload_id, bucket, key, created_s, ctype, umeta, headers = row
-    return Upload(upload_id, bucket, key, created_s, ctype, json.loads(umeta), json.loads(headers))
+_UPLOAD_COLUMNS = (
+    "upload_id, bucket, key, created_s, content_type, user_metadata, headers, "
+    "checksum_algorithm, checksum_type"
+)
+
+
+def _upload(row: tuple[str, str, str, float, str, str, str, str | None, str | None]) -> Upload:
+    upload_id, bucket, key, created_s, ctype, umeta, headers, algorithm, ctype_ = row
+    return Upload(
+        upload_id,
+        bucket,
+        key,
+        created_s,
+        ctype,
+        json.loads(umeta),
+        json.loads(headers),
+        algorithm,
+        ctype_,
+    )

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import email.utils
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+import re
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -33,14 +35,29 @@ _HEADER_PARAMS = {
     "cache-control": "CacheControl",
     "expires": "Expires",
 }
+# Conditional request headers and the get_object/head_object parameter for each.
+_CONDITION_PARAMS = {
+    "If-Match": "IfMatch",
+    "If-None-Match": "IfNoneMatch",
+    "If-Modified-Since": "IfModifiedSince",
+    "If-Unmodified-Since": "IfUnmodifiedSince",
+}
+_TOTAL_SIZE = re.compile(r"bytes \d+-\d+/(\d+)")
 
 
 @dataclass(slots=True)
 class UpstreamObject:
-    """A streamed upstream GET: ``chunks()`` must be consumed or ``close()`` called."""
+    """A streamed upstream GET: ``chunks()`` must be consumed or ``close()`` called.
+
+    ``meta.size_bytes`` is the whole object's size; ``content_range`` is set when the
+    upstream answered 206 (a range or a part), ``parts_count`` when it sent
+    ``x-amz-mp-parts-count``.
+    """
 
     meta: ObjectMeta
     _body: Any
+    content_range: str | None = None
+    parts_count: int | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
@@ -51,6 +68,15 @@ class UpstreamObject:
 
     def close(self) -> None:
         self._body.close()
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamHead:
+    """An upstream HEAD of one part: the object's metadata, the part's bytes, the count."""
+
+    meta: ObjectMeta
+    content_range: str | None
+    parts_count: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +104,22 @@ class Upstream(Protocol):
 
     async def head_object(self, bucket: str, key: str) -> ObjectMeta: ...
 
-    async def get_object(self, bucket: str, key: str) -> UpstreamObject: ...
+    async def head_part(self, bucket: str, key: str, part_number: int) -> UpstreamHead:
+        """HEAD ``?partNumber=``: the whole object's metadata plus the part's Content-Range."""
+        ...
+
+    async def get_object(
+        self,
+        bucket: str,
+        key: str,
+        *,
+        range_header: str | None = None,
+        part_number: int | None = None,
+        preconditions: Mapping[str, str] | None = None,
+    ) -> UpstreamObject:
+        """GET, optionally ranged (``Range`` value) or one part, with conditional headers
+        (``If-Match`` ...) that the upstream evaluates (NotModified / PreconditionFailed)."""
+        ...
 
     async def list_page(
         self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
@@ -218,9 +259,31 @@ class AiobotocoreUpstream:
         resp = await self._call(lambda: self._client.head_object(Bucket=bucket, Key=key))
         return _meta(bucket, key, resp)
 
-    async def get_object(self, bucket: str, key: str) -> UpstreamObject:
-        resp = await self._call(lambda: self._client.get_object(Bucket=bucket, Key=key))
-        return UpstreamObject(_meta(bucket, key, resp), resp["Body"])
+    async def head_part(self, bucket: str, key: str, part_number: int) -> UpstreamHead:
+        resp = await self._call(
+            lambda: self._client.head_object(Bucket=bucket, Key=key, PartNumber=part_number)
+        )
+        return UpstreamHead(_meta(bucket, key, resp), resp.get("ContentRange"), _parts(resp))
+
+    async def get_object(
+        self,
+        bucket: str,
+        key: str,
+        *,
+        range_header: str | None = None,
+        part_number: int | None = None,
+        preconditions: Mapping[str, str] | None = None,
+    ) -> UpstreamObject:
+        params: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if range_header:
+            params["Range"] = range_header
+        if part_number is not None:
+            params["PartNumber"] = part_number
+        params.update(_condition_params(preconditions or {}))
+        resp = await self._call(lambda: self._client.get_object(**params))
+        return UpstreamObject(
+            _meta(bucket, key, resp), resp["Body"], resp.get("ContentRange"), _parts(resp)
+        )
 
     async def list_page(
         self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
@@ -299,13 +362,38 @@ def _meta(bucket: str, key: str, resp: dict[str, Any]) -> ObjectMeta:
     headers = {name: str(resp[param]) for name, param in _HEADER_PARAMS.items() if param in resp}
     if "Expires" in resp and not isinstance(resp["Expires"], str):
         headers["expires"] = resp["ResponseMetadata"]["HTTPHeaders"].get("expires", "")
+    # A 206 carries the range's length; the object's size is in Content-Range.
+    total = _TOTAL_SIZE.fullmatch(str(resp.get("ContentRange", "")))
     return ObjectMeta(
         bucket=bucket,
         key=key,
-        size_bytes=int(resp.get("ContentLength", 0)),
+        size_bytes=int(total.group(1)) if total else int(resp.get("ContentLength", 0)),
         etag=str(resp.get("ETag", "")).strip('"'),
         last_modified_s=resp["LastModified"].timestamp(),
         content_type=str(resp.get("ContentType", "binary/octet-stream")),
         user_metadata=dict(resp.get("Metadata", {})),
         headers=headers,
     )
+
+
+def _parts(resp: dict[str, Any]) -> int | None:
+    count = resp.get("PartsCount")
+    return None if count is None else int(count)
+
+
+def _condition_params(preconditions: Mapping[str, str]) -> dict[str, Any]:
+    """Conditional headers as botocore parameters. Dates botocore cannot take (S3 ignores
+    unparseable dates anyway) are left out."""
+    params: dict[str, Any] = {}
+    for header, param in _CONDITION_PARAMS.items():
+        value = preconditions.get(header)
+        if value is None:
+            continue
+        if param.endswith("Since"):
+            try:
+                params[param] = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError, IndexError, OverflowError):
+                continue
+        else:
+            params[param] = value
+    return params

@@ -8,13 +8,13 @@ import urllib.parse
 from typing import Any
 
 import botocore
-import botocore.auth
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from harness import (
     GATEWAY_ACCESS_KEY,
     GATEWAY_SECRET_KEY,
+    client_clock_offset,
     error_code,
     error_status,
     http_request,
@@ -133,14 +133,15 @@ def test_tampered_request_after_signing(gateway: Any, s3: Any, seeded: str) -> N
     assert parse_s3_error(resp.body)["Code"] == "SignatureDoesNotMatch"
 
 
-def test_clock_skew(gateway: Any, seeded: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    skewed = datetime.datetime.now(datetime.UTC).replace(tzinfo=None) - datetime.timedelta(hours=2)
-    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: skewed)
+def test_clock_skew(gateway: Any, seeded: str) -> None:
     client = gateway.client()
-    with pytest.raises(ClientError) as exc:
+    with client_clock_offset(-datetime.timedelta(hours=2)), pytest.raises(ClientError) as exc:
         client.get_object(Bucket=seeded, Key="seed")
     assert error_code(exc.value) == "RequestTimeTooSkewed"
     assert error_status(exc.value) == 403
+    # Within the allowed skew (15 minutes in S3): accepted.
+    with client_clock_offset(datetime.timedelta(minutes=5)):
+        assert read_body(client.get_object(Bucket=seeded, Key="seed")) == b"seed body"
 
 
 @pytest.mark.parametrize(
@@ -214,12 +215,12 @@ def test_presigned_get_and_put(gateway: Any, s3: Any, seeded: str) -> None:
     assert read_body(got) == b"via presigned url"
 
 
-def test_presigned_expired(gateway: Any, seeded: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    past = datetime.datetime.now(datetime.UTC).replace(tzinfo=None) - datetime.timedelta(hours=1)
-    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: past)
-    url = gateway.client().generate_presigned_url(
-        "get_object", Params={"Bucket": seeded, "Key": "seed"}, ExpiresIn=60
-    )
+def test_presigned_expired(gateway: Any, seeded: str) -> None:
+    with client_clock_offset(-datetime.timedelta(hours=1)):
+        url = gateway.client().generate_presigned_url(
+            "get_object", Params={"Bucket": seeded, "Key": "seed"}, ExpiresIn=60
+        )
+    assert "X-Amz-Signature=" in url
     resp = http_request("GET", url)
     assert resp.status == 403
     assert parse_s3_error(resp.body)["Code"] == "AccessDenied"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 from harness import (
     error_code,
+    error_status,
     flush_state,
     list_all_keys,
     list_pages,
@@ -323,3 +325,77 @@ def test_list_after_many_writes_and_deletes(gateway: Any, s3: Any, bucket: str) 
         assert [o["Key"] for o in listed] == sorted(live)
         for o in listed:
             assert o["ETag"] == quoted_md5(live[o["Key"]])
+
+
+@pytest.mark.slow  # ~15 s: moto takes that long to accept 1100 objects
+def test_merge_across_upstream_pages(gateway: Any, s3: Any, upstream: Any, bucket: str) -> None:
+    """More upstream objects than one upstream page (1000), with local writes and deletes
+    interleaved around the page boundaries: every key exactly once, in order."""
+    upstream_keys = [f"u/{i:05d}" for i in range(0, 2500, 2)]  # 1250 objects upstream
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(lambda k: upstream.put_object(Bucket=bucket, Key=k, Body=b"u"), upstream_keys)
+        )
+    expected = set(upstream_keys)
+    with gateway.flush_paused():
+        for i in (1, 997, 999, 1001, 1999, 2001, 2003, 2199):
+            key = f"u/{i:05d}"
+            s3.put_object(Bucket=bucket, Key=key, Body=b"local")
+            expected.add(key)
+        for i in (0, 998, 1000, 1998, 2000, 2198):
+            key = f"u/{i:05d}"
+            s3.delete_object(Bucket=bucket, Key=key)
+            expected.discard(key)
+        s3.put_object(Bucket=bucket, Key="u/00500", Body=b"overwritten")
+        want = sorted(expected)
+        assert list_all_keys(s3, bucket) == want
+        assert list_all_keys(s3, bucket, MaxKeys=333) == want
+        pages = list_pages(s3, bucket)
+        _check_pages(pages, 1000)
+        assert len(pages) == 2
+        assert list_all_keys(s3, bucket, StartAfter="u/00999") == [k for k in want if k > "u/00999"]
+        sizes = {o["Key"]: o["Size"] for p in pages for o in p.get("Contents", [])}
+        assert sizes["u/00500"] == len(b"overwritten")
+        assert sizes["u/00001"] == len(b"local")
+        assert sizes["u/00002"] == 1
+    gateway.drained(bucket=bucket, timeout=60)
+    assert list_all_keys(upstream, bucket) == want
+
+
+def test_invalid_continuation_token(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="a", Body=b"1")
+    with pytest.raises(ClientError) as exc:
+        s3.list_objects_v2(Bucket=bucket, ContinuationToken="definitely-not-a-token")
+    assert error_code(exc.value) == "InvalidArgument"
+    assert error_status(exc.value) == 400
+
+
+def test_list_objects_v1(gateway: Any, s3: Any, bucket: str) -> None:
+    flushed = ["v1/a", "v1/c", "v1/e", "top"]
+    pending = ["v1/b", "v1/d", "v1/sub/x", "v1/sub/y"]
+    for key in flushed:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"f")
+    gateway.drained(bucket=bucket)
+    with gateway.flush_paused():
+        for key in pending:
+            s3.put_object(Bucket=bucket, Key=key, Body=b"p")
+        s3.delete_object(Bucket=bucket, Key="v1/c")
+        expected = sorted(set(flushed + pending) - {"v1/c"})
+
+        keys: list[str] = []
+        marker = ""
+        for _ in range(20):
+            page = s3.list_objects(Bucket=bucket, MaxKeys=2, Marker=marker)
+            keys += [o["Key"] for o in page.get("Contents", [])]
+            if not page["IsTruncated"]:
+                break
+            marker = page.get("NextMarker") or page["Contents"][-1]["Key"]
+        assert keys == expected
+
+        page = s3.list_objects(Bucket=bucket, Prefix="v1/", Delimiter="/")
+        assert [o["Key"] for o in page["Contents"]] == ["v1/a", "v1/b", "v1/d", "v1/e"]
+        assert [p["Prefix"] for p in page["CommonPrefixes"]] == ["v1/sub/"]
+
+        page = s3.list_objects(Bucket=bucket, Delimiter="/", MaxKeys=1)
+        assert page["IsTruncated"] is True
+        assert page["NextMarker"] == "top" or page.get("CommonPrefixes")

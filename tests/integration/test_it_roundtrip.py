@@ -250,3 +250,39 @@ def test_get_after_flush_still_correct(gateway: Any, s3: Any, bucket: str) -> No
     got = _assert_get(s3, bucket, "f", body)
     assert got["Metadata"] == {"k": "v"}
     assert got["ContentType"] == "application/x-f"
+
+
+def test_weird_keys_flush_to_the_same_upstream_keys(
+    gateway: Any, s3: Any, upstream: Any, bucket: str
+) -> None:
+    """Key encoding survives the flush: the upstream holds exactly the client's keys."""
+    bodies = {key: payload(100 + i, seed=key) for i, key in enumerate(WEIRD_KEYS)}
+    for key, body in bodies.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    gateway.drained(bucket=bucket)
+    listed = upstream.list_objects_v2(Bucket=bucket)
+    assert sorted(o["Key"] for o in listed["Contents"]) == sorted(bodies)
+    for key, body in bodies.items():
+        got = upstream.get_object(Bucket=bucket, Key=key)
+        assert read_body(got) == body, key
+        assert got["ETag"] == quoted_md5(body), key
+    # And deletes of those keys reach the same upstream keys.
+    for key in WEIRD_KEYS[::2]:
+        s3.delete_object(Bucket=bucket, Key=key)
+    gateway.drained(bucket=bucket)
+    listed = upstream.list_objects_v2(Bucket=bucket)
+    assert sorted(o["Key"] for o in listed["Contents"]) == sorted(WEIRD_KEYS[1::2])
+
+
+def test_weird_upstream_only_keys_read_through(s3: Any, upstream: Any, bucket: str) -> None:
+    """Keys that exist only upstream are fetched with the right encoding (read-through)."""
+    bodies = {key: payload(50 + i, seed=f"up-{key}") for i, key in enumerate(WEIRD_KEYS)}
+    for key, body in bodies.items():
+        upstream.put_object(Bucket=bucket, Key=key, Body=body)
+    for key, body in bodies.items():
+        got = s3.get_object(Bucket=bucket, Key=key)
+        assert read_body(got) == body, key
+        assert got["ETag"] == quoted_md5(body), key
+        assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] == len(body), key
+    listed = s3.list_objects_v2(Bucket=bucket)
+    assert [o["Key"] for o in listed["Contents"]] == sorted(bodies, key=lambda k: k.encode())

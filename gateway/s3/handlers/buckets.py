@@ -15,6 +15,7 @@ from gateway.errors import InvalidArgument, MalformedXML
 from gateway.s3 import operations as ops
 from gateway.s3 import xml
 from gateway.s3.auth import AuthContext
+from gateway.s3.body import read_document
 from gateway.s3.dispatch import S3Services, handles
 
 _MAX_KEYS = 1000
@@ -52,9 +53,7 @@ async def get_bucket_location(
 async def create_bucket(
     request: web.Request, op: ops.CreateBucket, svc: S3Services, auth: AuthContext
 ) -> web.StreamResponse:
-    raw = await request.content.read(_MAX_CREATE_BODY_BYTES + 1)
-    if len(raw) > _MAX_CREATE_BODY_BYTES:
-        raise MalformedXML()
+    raw, _ = await read_document(request, auth, _MAX_CREATE_BODY_BYTES)
     location = _location_constraint(raw)
     await svc.buckets.create_bucket(op.bucket, location)
     return web.Response(status=200, headers={"Location": f"/{op.bucket}"})

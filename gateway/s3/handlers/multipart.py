@@ -7,14 +7,21 @@ from typing import Any
 import xmltodict
 from aiohttp import web
 
+from gateway.checksums import CHECKSUM_ALGORITHMS, checksum_type
 from gateway.core.multipart import CompletedPart
 from gateway.errors import InvalidArgument, MalformedXML
 from gateway.s3 import operations as ops
 from gateway.s3 import xml
 from gateway.s3.auth import AuthContext
-from gateway.s3.body import request_body
+from gateway.s3.body import read_document, request_body
 from gateway.s3.dispatch import S3Services, handles
-from gateway.s3.handlers.objects import put_request, stored_headers, user_metadata
+from gateway.s3.handlers.objects import (
+    checksum_headers,
+    put_request,
+    stored_headers,
+    user_metadata,
+    write_preconditions,
+)
 from gateway.s3.xml import iso8601
 
 # 10,000 parts of ~120 bytes each, with room for whitespace and namespaces.
@@ -43,19 +50,28 @@ async def create_multipart_upload(
 ) -> web.StreamResponse:
     svc.check_writable()
     headers = request.headers
+    algorithm, kind = headers.get("x-amz-checksum-algorithm"), headers.get("x-amz-checksum-type")
     upload_id = await svc.multipart.create(
         op.bucket,
         op.key,
         headers.get("Content-Type", "binary/octet-stream"),
         user_metadata(headers),
         stored_headers(headers),
+        algorithm,
+        kind,
     )
-    return _xml(
+    response = _xml(
         xml.document(
             "InitiateMultipartUploadResult",
             {"Bucket": op.bucket, "Key": op.key, "UploadId": upload_id},
         )
     )
+    if algorithm:
+        response.headers["x-amz-checksum-algorithm"] = algorithm.upper()
+        response.headers["x-amz-checksum-type"] = (
+            kind or ("FULL_OBJECT" if algorithm.lower() == "crc64nvme" else "COMPOSITE")
+        ).upper()
+    return response
 
 
 @handles(ops.UploadPart)
@@ -81,22 +97,27 @@ async def complete_multipart_upload(
     request: web.Request, op: ops.CompleteMultipartUpload, svc: S3Services, auth: AuthContext
 ) -> web.StreamResponse:
     svc.check_writable()
-    raw = await request.content.read(_MAX_COMPLETE_BODY_BYTES + 1)
-    if len(raw) > _MAX_COMPLETE_BODY_BYTES:
-        raise MalformedXML()
-    meta = await svc.multipart.complete(op.bucket, op.key, op.upload_id, parse_completed_parts(raw))
-    location = f"{request.scheme}://{request.host}/{op.bucket}/{op.key}"
-    return _xml(
-        xml.document(
-            "CompleteMultipartUploadResult",
-            {
-                "Location": location,
-                "Bucket": op.bucket,
-                "Key": op.key,
-                "ETag": f'"{meta.etag}"',
-            },
-        )
+    cond = write_preconditions(request.headers)
+    raw, _ = await read_document(request, auth, _MAX_COMPLETE_BODY_BYTES)
+    check = await svc.objects.write_guard(op.bucket, op.key, cond)
+    meta = await svc.multipart.complete(
+        op.bucket,
+        op.key,
+        op.upload_id,
+        parse_completed_parts(raw),
+        checksum_headers(request.headers),
+        check,
     )
+    body = {
+        "Location": f"{request.scheme}://{request.host}/{op.bucket}/{op.key}",
+        "Bucket": op.bucket,
+        "Key": op.key,
+        "ETag": f'"{meta.etag}"',
+    }
+    for algorithm, value in meta.checksums.items():
+        body[f"Checksum{algorithm.upper()}"] = value
+        body["ChecksumType"] = checksum_type(value)
+    return _xml(xml.document("CompleteMultipartUploadResult", body))
 
 
 def parse_completed_parts(raw: bytes) -> list[CompletedPart]:
@@ -115,7 +136,12 @@ def parse_completed_parts(raw: bytes) -> list[CompletedPart]:
         number, etag = part.get("PartNumber"), part.get("ETag")
         if not isinstance(number, str) or not number.strip().isdigit() or not isinstance(etag, str):
             raise MalformedXML()
-        out.append(CompletedPart(int(number), etag))
+        sums = {
+            a: part[f"Checksum{a.upper()}"]
+            for a in CHECKSUM_ALGORITHMS
+            if isinstance(part.get(f"Checksum{a.upper()}"), str)
+        }
+        out.append(CompletedPart(int(number), etag, sums))
     return out
 
 

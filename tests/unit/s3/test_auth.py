@@ -69,9 +69,10 @@ def wire(request: AWSRequest | AWSPreparedRequest) -> dict[str, Any]:
     """What verify_request sees of a request botocore signed: the parts as sent on the wire."""
     parts = urlsplit(request.url)
     headers: CIMultiDict[str] = CIMultiDict()
-    headers["Host"] = parts.netloc
     for name, value in request.headers.items():
         headers.add(name, value if isinstance(value, str) else value.decode())
+    # The HTTP client adds Host unless the signer already set it (the CRT signer does).
+    headers.setdefault("Host", parts.netloc)
     return {
         "method": request.method,
         "raw_path": parts.path,

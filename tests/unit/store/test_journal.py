@@ -12,8 +12,15 @@ from gateway.store.journal import Journal
 
 
 def meta(key: str, size: int = 10, etag: str = "e") -> ObjectMeta:
-    return ObjectMeta(bucket="b", key=key, size_bytes=size, etag=etag, last_modified_s=1.0,
-                      user_metadata={"m": "v"}, checksums={"crc32": "AAAAAA=="})
+    return ObjectMeta(
+        bucket="b",
+        key=key,
+        size_bytes=size,
+        etag=etag,
+        last_modified_s=1.0,
+        user_metadata={"m": "v"},
+        checksums={"crc32": "AAAAAA=="},
+    )
 
 
 @pytest.fixture

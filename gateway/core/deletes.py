@@ -1,0 +1,75 @@
+"""DeleteService: DeleteObjects (multi-object delete) with write-back.
+
+Every valid key of one request becomes a pending tombstone in ONE journal transaction, so the
+request is durable as a whole before it is acknowledged: after a crash either all its deletes
+are visible or none is. Keys that cannot be deleted (too long, empty, a version id) are
+reported per key, as S3 does, and do not fail the others. Deleting a key that does not exist
+is a success (the tombstone still goes upstream: the upstream may hold an older version).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.clock import Clock
+from gateway.core.buckets import BucketService
+from gateway.core.ingest import validate_key
+from gateway.errors import NotImplementedError_, S3Error
+from gateway.store.blobs import BlobStore
+from gateway.store.journal import Journal
+
+MAX_KEYS_PER_REQUEST = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteEntry:
+    """One ``<Object>`` of the request."""
+
+    key: str
+    version_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOutcome:
+    """What happened to one entry: ``error`` None means deleted."""
+
+    entry: DeleteEntry
+    error: S3Error | None = None
+
+
+class DeleteService:
+    """Contract: ``delete_objects`` MUST NOT return before every delete it reports as done is
+    durable (one COMMIT for all of them), and reads MUST see them at once. Superseded blobs
+    are unlinked only after that COMMIT."""
+
+    def __init__(
+        self, journal: Journal, blobs: BlobStore, buckets: BucketService, clock: Clock
+    ) -> None:
+        self._journal = journal
+        self._blobs = blobs
+        self._buckets = buckets
+        self._clock = clock
+
+    async def delete_objects(
+        self, bucket: str, entries: Sequence[DeleteEntry]
+    ) -> list[DeleteOutcome]:
+        await self._buckets.require(bucket)
+        outcomes = [DeleteOutcome(entry, _refusal(entry)) for entry in entries]
+        keys = list(dict.fromkeys(o.entry.key for o in outcomes if o.error is None))
+        if keys:
+            superseded = await self._journal.commit_deletes(bucket, keys, self._clock.wall())
+            await self._blobs.discard(superseded)
+        return outcomes
+
+
+def _refusal(entry: DeleteEntry) -> S3Error | None:
+    """The per-key error S3 would report for this entry, if any."""
+    if entry.version_id is not None and entry.version_id != "null":
+        # An unversioned bucket only has the "null" version; versions are not supported.
+        return NotImplementedError_("Deleting a specific object version is not implemented.")
+    try:
+        validate_key(entry.key)
+    except S3Error as exc:
+        return exc
+    return None

@@ -1,0 +1,603 @@
+"""Flusher: a real Journal and BlobStore on tmp_path, the in-memory FakeUpstream.
+
+Nothing here sleeps: tests await the journal's ``changed`` condition (every flush outcome
+notifies it), the fake's events, or a wrapped ``journal.claim``, always with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fakes import FakeUpstream
+
+from gateway.clock import Clock, FakeClock, SystemClock
+from gateway.flush.backoff import Backoff
+from gateway.flush.flusher import Flusher
+from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
+from gateway.store.blobs import BlobStore
+from gateway.store.journal import Journal
+from gateway.store.uploads import Part, Upload, UploadJournal
+from gateway.upstream.classify import Fatal, Retryable, Throttled
+
+BUCKET = "ckpt"
+WAIT_S = 5.0
+
+
+class SteppingClock(FakeClock):
+    """Wall time moves one second per reading, so a retry's tiny backoff has always expired
+    by the next claim and retries do not wait for the flusher's idle poll."""
+
+    def wall(self) -> float:
+        self.advance(1.0)
+        return super().wall()
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    j = Journal(tmp_path / "journal.db", fsync=False)
+    j.open()
+    yield j
+    j.close()
+
+
+@pytest.fixture
+def blobs(tmp_path: Path) -> Iterator[BlobStore]:
+    store = BlobStore(tmp_path / "blobs", fsync=False, piece_bytes=4096)
+    store.open_store()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def upstream() -> FakeUpstream:
+    return FakeUpstream([BUCKET])
+
+
+def _backoff() -> Backoff:
+    return Backoff(base_s=0.001, cap_s=0.01, rng=random.Random(1))
+
+
+def _flusher(
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: FakeUpstream,
+    clock: Clock | None = None,
+    concurrency: int = 4,
+) -> Flusher:
+    return Flusher(
+        journal,
+        blobs,
+        upstream,
+        clock or SystemClock(),
+        concurrency=concurrency,
+        backoff=_backoff(),
+    )
+
+
+@contextlib.asynccontextmanager
+async def _running(flusher: Flusher) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(flusher.run(), name="test flusher")
+    try:
+        yield task
+    finally:
+        await flusher.stop(1.0)
+        await asyncio.wait_for(task, WAIT_S)
+
+
+async def _chunks(body: bytes, piece: int = 3000) -> AsyncIterator[bytes]:
+    for i in range(0, len(body), piece):
+        yield body[i : i + piece]
+
+
+async def _write(journal: Journal, blobs: BlobStore, key: str, body: bytes) -> LocalObject:
+    """What ObjectService does for a PUT: blob first, then the row, then unlink the old blob."""
+    blob = await blobs.write(_chunks(body), {"md5"})
+    meta = ObjectMeta(
+        bucket=BUCKET,
+        key=key,
+        size_bytes=blob.size_bytes,
+        etag=blob.digests["md5"].hex(),
+        last_modified_s=time.time(),
+    )
+    row, superseded = await journal.commit_put(meta, blob.blob_id, acked_s=time.time())
+    await blobs.discard(superseded)
+    return row
+
+
+async def _until(
+    journal: Journal, check: Callable[[], Awaitable[bool]], timeout_s: float = WAIT_S
+) -> None:
+    """Wait until ``check()`` holds, re-checking whenever the journal notifies ``changed``.
+
+    ``check`` runs under the condition's lock, so no notification is lost between it and
+    the wait."""
+
+    async def wait() -> None:
+        async with journal.changed:
+            while not await check():
+                await journal.changed.wait()
+
+    await asyncio.wait_for(wait(), timeout_s)
+
+
+async def _drained(journal: Journal, timeout_s: float = WAIT_S) -> None:
+    async def check() -> bool:
+        return await journal.unflushed(None, "", journal.last_seq) == (0, 0)
+
+    await _until(journal, check, timeout_s)
+
+
+async def _state_is(journal: Journal, key: str, state: FlushState) -> None:
+    async def check() -> bool:
+        row = await journal.get(BUCKET, key)
+        return row is not None and row.state == state
+
+    await _until(journal, check)
+
+
+class _ClaimWatch:
+    """Wraps ``journal.claim`` to report which seqs the flusher claimed (instrumentation
+    only: the real claim runs unchanged). ``then`` runs after each non-empty claim."""
+
+    def __init__(self, journal: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.seqs: list[int] = []
+        self.then: Callable[[list[LocalObject]], None] | None = None
+        self._event = asyncio.Event()
+        original = journal.claim
+
+        async def claim(limit: int, now_s: float) -> list[LocalObject]:
+            rows = await original(limit, now_s)
+            if rows:
+                self.seqs += [r.seq for r in rows]
+                self._event.set()
+                if self.then is not None:
+                    self.then(rows)
+            return rows
+
+        monkeypatch.setattr(journal, "claim", claim)
+
+    async def wait_for_seq(self, seq: int) -> None:
+        async def wait() -> None:
+            while seq not in self.seqs:
+                self._event.clear()
+                await self._event.wait()
+
+        await asyncio.wait_for(wait(), WAIT_S)
+
+
+# -- the happy path -------------------------------------------------------------------------
+
+
+async def test_flusher_uploads_exact_bytes_and_marks_durable(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    bodies = {
+        "empty": b"",
+        "small": b"hello",
+        "run/1/shard-000": bytes(range(256)) * 40,  # several 4 KiB pieces
+        "run/1/metadata.json": b'{"step": 1}',
+    }
+    flusher = _flusher(journal, blobs, upstream)
+    async with _running(flusher):
+        rows = {key: await _write(journal, blobs, key, body) for key, body in bodies.items()}
+        await _drained(journal)
+
+    for key, body in bodies.items():
+        assert upstream.body(BUCKET, key) == body
+        row = await journal.get(BUCKET, key)
+        assert row is not None
+        assert row.state == FlushState.DURABLE
+        assert row.seq == rows[key].seq
+        assert row.last_error is None
+        assert blobs.path(row.blob_id or "").exists()  # the local copy stays as a cache
+    assert sorted(upstream.ops("put")) == sorted(("put", BUCKET, k) for k in bodies)
+    status = flusher.status()
+    assert (status.uploads_ok, status.uploads_failed, status.retries) == (len(bodies), 0, 0)
+    assert status.state == "stopped"
+    stats = await journal.stats()
+    assert stats.flushed_objects == len(bodies)
+    assert stats.flushed_bytes == sum(len(b) for b in bodies.values())
+
+
+async def test_flusher_uploads_rows_committed_before_it_started(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    await _write(journal, blobs, "early", b"before the flusher")
+
+    async with _running(_flusher(journal, blobs, upstream)):
+        await _drained(journal)
+
+    assert upstream.body(BUCKET, "early") == b"before the flusher"
+
+
+async def test_flusher_uploads_multipart_object_with_its_part_boundaries(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    bodies = [b"A" * 5000, b"B" * 7000, b"tail"]
+    uploads = UploadJournal(journal)
+    await uploads.create(Upload("up-1", BUCKET, "big.bin", time.time(), "application/x", {}, {}))
+    refs = []
+    for number, body in enumerate(bodies, 1):
+        blob = await blobs.write(_chunks(body), {"md5"})
+        md5 = blob.digests["md5"].hex()
+        part = Part(number, blob.blob_id, blob.size_bytes, md5, {}, time.time())
+        assert await uploads.put_part("up-1", part) == []
+        refs.append(PartRef(blob.blob_id, blob.size_bytes, md5))
+    joined = hashlib.md5(b"".join(hashlib.md5(b).digest() for b in bodies)).hexdigest()
+    meta = ObjectMeta(
+        bucket=BUCKET,
+        key="big.bin",
+        size_bytes=sum(len(b) for b in bodies),
+        etag=f"{joined}-3",
+        last_modified_s=time.time(),
+        content_type="application/x",
+    )
+
+    async with _running(_flusher(journal, blobs, upstream)):
+        row, unused = await uploads.complete("up-1", meta, tuple(refs), time.time())
+        assert unused == []
+        await _drained(journal)
+
+    assert upstream.log == [("put_multipart", BUCKET, "big.bin")]
+    assert upstream.body(BUCKET, "big.bin") == b"".join(bodies)
+    assert upstream.multipart_parts[(BUCKET, "big.bin")] == [len(b) for b in bodies]
+    done = await journal.get(BUCKET, "big.bin")
+    assert done is not None
+    assert (done.seq, done.state, done.meta.etag) == (row.seq, FlushState.DURABLE, f"{joined}-3")
+
+
+# -- deletes --------------------------------------------------------------------------------
+
+
+async def test_flusher_applies_delete_upstream_and_drops_tombstone(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    upstream.add_object(BUCKET, "old.ckpt", b"stale")
+    upstream.add_object(BUCKET, "kept", b"stays")
+
+    async with _running(_flusher(journal, blobs, upstream)):
+        await journal.commit_delete(BUCKET, "old.ckpt", time.time())
+        await _drained(journal)
+
+    assert upstream.body(BUCKET, "old.ckpt") is None
+    assert upstream.body(BUCKET, "kept") == b"stays"
+    assert upstream.log == [("delete", BUCKET, "old.ckpt")]
+    assert await journal.get(BUCKET, "old.ckpt") is None
+
+
+async def test_flusher_sends_only_the_delete_of_an_unflushed_put(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    flusher = _flusher(journal, blobs, upstream)
+    flusher.pause()
+    async with _running(flusher):
+        await _write(journal, blobs, "tmp", b"short-lived")
+        _, superseded = await journal.commit_delete(BUCKET, "tmp", time.time())
+        assert len(superseded) == 1
+        await blobs.discard(superseded)
+        flusher.resume()
+        await _drained(journal)
+
+    assert upstream.log == [("delete", BUCKET, "tmp")]
+    assert await journal.get(BUCKET, "tmp") is None
+
+
+# -- transient failures ---------------------------------------------------------------------
+
+
+async def test_flusher_retries_throttled_upload_then_succeeds(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    upstream.fail_puts(Throttled("SlowDown: Please reduce your request rate."), Throttled("503"))
+    flusher = _flusher(journal, blobs, upstream, clock=SteppingClock())
+
+    async with _running(flusher):
+        await _write(journal, blobs, "hot/prefix", b"payload")
+        await _drained(journal)
+
+    assert upstream.body(BUCKET, "hot/prefix") == b"payload"
+    assert upstream.ops("put") == [("put", BUCKET, "hot/prefix")] * 3
+    status = flusher.status()
+    assert (status.uploads_ok, status.uploads_failed) == (1, 0)
+    assert (status.retries, status.throttles) == (2, 2)
+    assert status.last_error is not None and "503" in status.last_error
+    row = await journal.get(BUCKET, "hot/prefix")
+    assert row is not None
+    assert (row.state, row.attempts, row.last_error) == (FlushState.DURABLE, 2, None)
+
+
+async def test_flusher_retries_failed_delete(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    upstream.add_object(BUCKET, "x", b"1")
+    upstream.fail_deletes(Retryable("InternalError: try again (HTTP 500)"))
+    flusher = _flusher(journal, blobs, upstream, clock=SteppingClock())
+
+    async with _running(flusher):
+        await journal.commit_delete(BUCKET, "x", time.time())
+        await _drained(journal)
+
+    assert upstream.log == [("delete", BUCKET, "x")] * 2
+    assert upstream.body(BUCKET, "x") is None
+    assert (flusher.status().retries, flusher.status().throttles) == (1, 0)
+
+
+async def test_flusher_waits_for_backoff_before_retrying(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    clock = FakeClock()
+    upstream.fail_puts(Throttled("SlowDown", retry_after_s=0.005))
+    flusher = _flusher(journal, blobs, upstream, clock=clock)
+
+    async with _running(flusher):
+        row = await _write(journal, blobs, "k", b"v")
+
+        async def retried() -> bool:
+            now = await journal.get(BUCKET, "k")
+            return now is not None and now.attempts == 1
+
+        await _until(journal, retried)
+        # The wall clock stands still: the row is not eligible, nothing is sent again.
+        for _ in range(3):
+            assert await journal.claim(10, clock.wall()) == []
+        clock.advance(1.0)
+        await _drained(journal)
+
+    assert upstream.ops("put") == [("put", BUCKET, "k")] * 2
+    final = await journal.get(BUCKET, "k")
+    assert final is not None and final.seq == row.seq and final.state == FlushState.DURABLE
+
+
+# -- permanent failures ---------------------------------------------------------------------
+
+
+async def test_flusher_fatal_marks_failed_until_retry_failed(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    upstream.fail_puts(Fatal("AccessDenied: Access Denied (HTTP 403)"))
+    flusher = _flusher(journal, blobs, upstream)
+
+    async with _running(flusher):
+        await _write(journal, blobs, "denied", b"precious")
+        await _state_is(journal, "denied", FlushState.FAILED)
+
+        row = await journal.get(BUCKET, "denied")
+        assert row is not None
+        assert row.last_error is not None and "AccessDenied" in row.last_error
+        assert row.attempts == 1
+        assert [r.meta.key for r in await journal.failed()] == ["denied"]
+        assert upstream.body(BUCKET, "denied") is None
+        status = flusher.status()
+        assert (status.uploads_ok, status.uploads_failed, status.retries) == (0, 1, 0)
+        assert status.last_error is not None and "AccessDenied" in status.last_error
+        assert await journal.unflushed(None, "", journal.last_seq) == (1, len(b"precious"))
+        assert blobs.path(row.blob_id or "").read_bytes() == b"precious"  # data kept
+
+        assert await journal.retry_failed() == 1
+        await _drained(journal)
+
+    assert upstream.body(BUCKET, "denied") == b"precious"
+    row = await journal.get(BUCKET, "denied")
+    assert row is not None
+    assert (row.state, row.last_error) == (FlushState.DURABLE, None)
+    assert await journal.failed() == []
+
+
+async def test_flusher_missing_blob_is_fatal(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    flusher = _flusher(journal, blobs, upstream)
+    flusher.pause()
+    async with _running(flusher):
+        row = await _write(journal, blobs, "lost", b"bytes")
+        await blobs.discard([row.blob_id or ""])
+        flusher.resume()
+        await _state_is(journal, "lost", FlushState.FAILED)
+
+    failed = await journal.get(BUCKET, "lost")
+    assert failed is not None and failed.last_error is not None
+    assert "No such file or directory" in failed.last_error
+    assert upstream.log == []
+
+
+# -- pause and resume -----------------------------------------------------------------------
+
+
+async def test_flusher_pause_stops_claiming_and_resume_drains(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    flusher = _flusher(journal, blobs, upstream)
+    async with _running(flusher):
+        await _write(journal, blobs, "before", b"1")
+        await _drained(journal)
+
+        flusher.pause()
+        assert flusher.status().state == "paused"
+        await _write(journal, blobs, "during-a", b"2")
+        await _write(journal, blobs, "during-b", b"3")
+        with pytest.raises(TimeoutError):
+            await _drained(journal, timeout_s=0.3)
+        assert upstream.ops("put") == [("put", BUCKET, "before")]
+        for key in ("during-a", "during-b"):
+            row = await journal.get(BUCKET, key)
+            assert row is not None and row.state == FlushState.PENDING
+
+        flusher.resume()
+        assert flusher.status().state == "running"
+        await _drained(journal)
+
+    assert upstream.body(BUCKET, "during-a") == b"2"
+    assert upstream.body(BUCKET, "during-b") == b"3"
+
+
+async def test_flusher_pause_during_claim_gives_rows_back(
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    watch = _ClaimWatch(journal, monkeypatch)
+    flusher = _flusher(journal, blobs, upstream)
+    watch.then = lambda rows: flusher.pause()  # the pause lands while claim() is running
+
+    async with _running(flusher):
+        row = await _write(journal, blobs, "k", b"v")
+        await watch.wait_for_seq(row.seq)
+        watch.then = None
+        await _state_is(journal, "k", FlushState.PENDING)  # released, not left flushing
+        assert upstream.log == []
+
+        flusher.resume()
+        await _drained(journal)
+
+    assert upstream.body(BUCKET, "k") == b"v"
+
+
+async def test_flusher_pause_does_not_interrupt_an_upload_in_flight(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    gate = upstream.put_gate = asyncio.Event()
+    flusher = _flusher(journal, blobs, upstream, concurrency=1)
+    async with _running(flusher):
+        await _write(journal, blobs, "first", b"1")
+        await asyncio.wait_for(upstream.put_arrived.wait(), WAIT_S)
+        flusher.pause()
+        await _write(journal, blobs, "second", b"2")
+        gate.set()
+        await _state_is(journal, "first", FlushState.DURABLE)
+        with pytest.raises(TimeoutError):
+            await _drained(journal, timeout_s=0.3)
+        assert upstream.ops("put") == [("put", BUCKET, "first")]
+
+        flusher.resume()
+        await _drained(journal)
+
+    assert upstream.body(BUCKET, "second") == b"2"
+
+
+# -- superseded versions --------------------------------------------------------------------
+
+
+async def test_flusher_supersede_while_in_flight_uploads_newest_last(
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    watch = _ClaimWatch(journal, monkeypatch)
+    gate = upstream.put_gate = asyncio.Event()
+    flusher = _flusher(journal, blobs, upstream)
+
+    async with _running(flusher):
+        v1 = await _write(journal, blobs, "latest.ckpt", b"version one")
+        await asyncio.wait_for(upstream.put_arrived.wait(), WAIT_S)  # v1 is in flight
+
+        v2 = await _write(journal, blobs, "latest.ckpt", b"version two")
+        await watch.wait_for_seq(v2.seq)  # v2 is claimed while v1 is still held
+        assert v1.seq in watch.seqs
+        gate.set()
+        await _drained(journal)
+
+    assert upstream.body(BUCKET, "latest.ckpt") == b"version two"
+    assert upstream.ops("put") == [("put", BUCKET, "latest.ckpt")] * 2
+    assert upstream.stored == [
+        (BUCKET, "latest.ckpt", b"version one"),
+        (BUCKET, "latest.ckpt", b"version two"),
+    ]
+    assert upstream.overlaps == []
+    row = await journal.get(BUCKET, "latest.ckpt")
+    assert row is not None
+    assert (row.seq, row.state) == (v2.seq, FlushState.DURABLE)
+    assert row.meta.etag == hashlib.md5(b"version two").hexdigest()
+
+
+async def test_flusher_delete_while_put_in_flight_leaves_key_deleted(
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    watch = _ClaimWatch(journal, monkeypatch)
+    gate = upstream.put_gate = asyncio.Event()
+    flusher = _flusher(journal, blobs, upstream)
+
+    async with _running(flusher):
+        await _write(journal, blobs, "k", b"v1")
+        await asyncio.wait_for(upstream.put_arrived.wait(), WAIT_S)
+        tomb, superseded = await journal.commit_delete(BUCKET, "k", time.time())
+        await blobs.discard(superseded)
+        await watch.wait_for_seq(tomb.seq)
+        gate.set()
+        await _drained(journal)
+
+    assert upstream.log == [("put", BUCKET, "k"), ("delete", BUCKET, "k")]
+    assert upstream.body(BUCKET, "k") is None
+    assert await journal.get(BUCKET, "k") is None
+
+
+# -- restart and shutdown -------------------------------------------------------------------
+
+
+async def test_flusher_restart_resumes_rows_left_flushing(
+    tmp_path: Path, journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    a = await _write(journal, blobs, "a", b"alpha")
+    b = await _write(journal, blobs, "b", b"beta")
+    claimed = await journal.claim(1, time.time())
+    assert [o.seq for o in claimed] == [a.seq]
+    row = await journal.get(BUCKET, "a")
+    assert row is not None and row.state == FlushState.FLUSHING
+    journal.close()  # the process "dies" with "a" in flight
+
+    reopened = Journal(journal.path, fsync=False)
+    referenced = reopened.open()
+    try:
+        assert referenced == {a.blob_id, b.blob_id}
+        row = await reopened.get(BUCKET, "a")
+        assert row is not None and row.state == FlushState.PENDING
+        assert reopened.last_seq == b.seq
+
+        async with _running(_flusher(reopened, blobs, upstream)):
+            await _drained(reopened)
+
+        assert upstream.body(BUCKET, "a") == b"alpha"
+        assert upstream.body(BUCKET, "b") == b"beta"
+        for key in ("a", "b"):
+            done = await reopened.get(BUCKET, key)
+            assert done is not None and done.state == FlushState.DURABLE
+    finally:
+        reopened.close()
+
+
+async def test_flusher_stop_cancels_held_upload_and_restart_resumes_it(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    upstream.put_gate = asyncio.Event()  # never released: the upload hangs
+    flusher = _flusher(journal, blobs, upstream)
+    task = asyncio.create_task(flusher.run())
+    await _write(journal, blobs, "stuck", b"data")
+    await asyncio.wait_for(upstream.put_arrived.wait(), WAIT_S)
+
+    await flusher.stop(0.01)
+    await asyncio.wait_for(task, WAIT_S)
+    assert flusher.status().in_flight == 0
+    assert upstream.body(BUCKET, "stuck") is None
+    assert await journal.unflushed(None, "", journal.last_seq) == (1, 4)
+    journal.close()
+
+    reopened = Journal(journal.path, fsync=False)
+    reopened.open()
+    try:
+        upstream.put_gate = None
+        async with _running(_flusher(reopened, blobs, upstream)):
+            await _drained(reopened)
+        assert upstream.body(BUCKET, "stuck") == b"data"
+    finally:
+        reopened.close()
