@@ -31,6 +31,8 @@ from gateway.core.objects import ObjectService
 from gateway.errors import S3Error
 from gateway.flush.backoff import Backoff
 from gateway.flush.flusher import Flusher
+from gateway.flush.lanes import LaneConfig
+from gateway.flush.policy import PolicyConfig
 from gateway.s3.dispatch import S3Services
 from gateway.s3.server import build_s3_app
 from gateway.store.blobs import BlobStore
@@ -147,6 +149,24 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         clock,
         concurrency=settings.flush_concurrency,
         backoff=Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s),
+        policy=PolicyConfig(
+            write_back_delay_s=settings.write_back_delay_s,
+            temp_patterns=settings.temp_patterns,
+            temp_hold_s=settings.temp_hold_s,
+            commit_markers=settings.commit_markers,
+        ),
+        lanes=LaneConfig(
+            depth=settings.lane_depth,
+            rate_per_s=settings.lane_rate,
+            min_rate_per_s=settings.lane_min_rate,
+            bandwidth_bytes_per_s=settings.lane_bandwidth_bytes,
+            concurrency=settings.lane_concurrency,
+        ),
+        rate_per_s=settings.flush_rate,
+        rate_burst=settings.flush_rate_burst,
+        bandwidth_bytes_per_s=settings.flush_bandwidth_bytes,
+        bandwidth_burst_bytes=settings.flush_bandwidth_burst_bytes,
+        multipart_threshold_bytes=settings.multipart_threshold_bytes,
     )
     flusher_task = asyncio.create_task(flusher.run(), name="flusher")
     capacity = settings.capacity_bytes or _filesystem_bytes(data_dir)

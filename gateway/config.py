@@ -47,6 +47,12 @@ def _bool(value: str | bool) -> bool:
     raise ConfigError(f"not a boolean: {value!r}")
 
 
+def _patterns(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Globs from ``"a,b"`` (flag, env) or a YAML list; empty entries dropped."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(str(i).strip() for i in items if str(i).strip())
+
+
 def _host_port(value: str) -> str:
     _, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
@@ -88,10 +94,36 @@ class Settings:
     # Base domain for virtual-hosted-style requests (bucket.<domain>); None: path-style only.
     domain: str | None = None
     # Uploads in flight to the upstream at once.
-    flush_concurrency: int = 8
+    flush_concurrency: int = 32
     # Full-jitter backoff of failed uploads: first retry within base, capped at max.
     flush_retry_base_s: float = 0.2
     flush_retry_max_s: float = 30.0
+    # Token buckets on upstream requests/s and bytes/s for the whole flusher; 0 = unlimited.
+    flush_rate: float = 0.0
+    flush_bandwidth_bytes: int = 0
+    # Burst sizes of those buckets (requests, bytes); 0 = one second's worth.
+    flush_rate_burst: float = 0.0
+    flush_bandwidth_burst_bytes: int = 0
+    # Prefix lanes: keys are partitioned by bucket and their first N path segments.
+    lane_depth: int = 3
+    # Per-lane ceilings: requests/s (S3 accepts 3,500 writes/s per prefix) and bytes/s
+    # (0 = unlimited). A lane's adaptive rate starts at the ceiling and is cut on 503.
+    lane_rate: float = 3500.0
+    lane_bandwidth_bytes: int = 0
+    # Lowest rate a lane is cut to (requests/s).
+    lane_min_rate: float = 1.0
+    # Uploads in flight at once in one lane.
+    lane_concurrency: int = 8
+    # Write-back delay: an object becomes eligible this long after its ack, so an overwrite,
+    # delete or rename that follows quickly is coalesced instead of uploaded.
+    write_back_delay_s: float = 0.5
+    # Keys matching these glob patterns (temp files that are renamed) wait longer.
+    temp_patterns: tuple[str, ...] = ("*.tmp",)
+    temp_hold_s: float = 10.0
+    # Commit markers: flushed only after everything acknowledged earlier under their parent.
+    commit_markers: tuple[str, ...] = (".metadata", "_SUCCESS")
+    # A single PutObject body above this is flushed as a multipart upload.
+    multipart_threshold_bytes: int = 64 * MiB
     # Largest single PutObject body or part accepted (S3's limit is 5 GiB).
     max_object_bytes: int = 5 * GiB
     # Smallest non-last part CompleteMultipartUpload accepts (S3: 5 MiB). The flusher
@@ -131,6 +163,20 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "flush_concurrency": (int, "uploads in flight at once"),
     "flush_retry_base_s": (float, "first retry backoff ceiling, seconds"),
     "flush_retry_max_s": (float, "backoff cap, seconds"),
+    "flush_rate": (float, "upstream requests/s, all lanes (0 = unlimited)"),
+    "flush_bandwidth_bytes": (parse_size, "upstream bytes/s, all lanes (0 = unlimited)"),
+    "flush_rate_burst": (float, "burst of --flush-rate in requests (0 = 1 s worth)"),
+    "flush_bandwidth_burst_bytes": (parse_size, "burst of --flush-bandwidth (0 = 1 s worth)"),
+    "lane_depth": (int, "path segments of a key that name its prefix lane"),
+    "lane_rate": (float, "ceiling of each lane's adaptive requests/s"),
+    "lane_bandwidth_bytes": (parse_size, "bytes/s per lane (0 = unlimited)"),
+    "lane_min_rate": (float, "floor of a lane's adaptive requests/s"),
+    "lane_concurrency": (int, "uploads in flight per lane"),
+    "write_back_delay_s": (float, "seconds an object waits before it may flush (coalescing)"),
+    "temp_patterns": (_patterns, "comma-separated globs of temp keys held longer"),
+    "temp_hold_s": (float, "seconds temp keys wait before they may flush"),
+    "commit_markers": (_patterns, "comma-separated globs of commit-marker file names"),
+    "multipart_threshold_bytes": (parse_size, "single PUTs above this flush as multipart"),
     "max_object_bytes": (parse_size, "largest PutObject body or part"),
     "min_part_bytes": (parse_size, "smallest non-last multipart part"),
     "shutdown_drain_timeout_s": (float, "seconds to keep flushing after SIGTERM"),
@@ -211,3 +257,9 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("tls-cert and tls-key go together")
     if settings.flush_concurrency < 1:
         raise ConfigError("flush-concurrency must be at least 1")
+    if settings.lane_concurrency < 1:
+        raise ConfigError("lane-concurrency must be at least 1")
+    if settings.lane_rate <= 0 or settings.lane_min_rate <= 0:
+        raise ConfigError("lane-rate and lane-min-rate must be positive")
+    if settings.multipart_threshold_bytes < 5 * MiB:
+        raise ConfigError("multipart-threshold must be at least 5MiB (S3's smallest part)")

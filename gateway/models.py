@@ -57,6 +57,9 @@ class LocalObject:
     attempts: int = 0
     last_error: str | None = None
     parts: tuple[PartRef, ...] = ()  # multipart body, in part order
+    acked_s: float = 0.0  # wall clock of the acknowledgement
+    # An older version of this key was sent (or is being sent) upstream by this gateway.
+    flushed_before: bool = False
 
     @property
     def blob_ids(self) -> list[str]:

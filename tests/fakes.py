@@ -23,7 +23,7 @@ from typing import BinaryIO
 from gateway.errors import InvalidPartNumber, NoSuchBucket, NoSuchKey
 from gateway.models import BucketInfo, ListEntry, ObjectMeta
 from gateway.upstream.classify import Fatal
-from gateway.upstream.client import PartSource, UpstreamHead, UpstreamObject
+from gateway.upstream.client import PartSource, UploadTracker, UpstreamHead, UpstreamObject
 
 # One request: (operation, bucket, key); key is "" for bucket-level calls.
 Request = tuple[str, str, str]
@@ -73,6 +73,7 @@ class FakeUpstream:
         self.log: list[Request] = []
         self.stored: list[tuple[str, str, bytes]] = []
         self.overlaps: list[tuple[str, str]] = []
+        self.aborted: list[str] = []
         self.put_gate: asyncio.Event | None = None
         self.put_arrived = asyncio.Event()
         self._put_faults: deque[tuple[str | None, BaseException]] = deque()
@@ -128,7 +129,14 @@ class FakeUpstream:
         data = body.read_bytes() if isinstance(body, Path) else body.read()
         return await self._store("put", meta, data, hashlib.md5(data).hexdigest())
 
-    async def put_multipart(self, meta: ObjectMeta, parts: Sequence[PartSource]) -> str:
+    async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool:
+        self.log.append(("abort_multipart", bucket, key))
+        self.aborted.append(upload_id)
+        return True
+
+    async def put_multipart(
+        self, meta: ObjectMeta, parts: Sequence[PartSource], track: UploadTracker | None = None
+    ) -> str:
         """Parts are checked against their MD5 (BadDigest is Fatal); the ETag is S3's
         multipart ETag: md5 of the parts' binary MD5s, then ``-<number of parts>``."""
         pieces = [p.body.read() for p in parts]
@@ -138,7 +146,12 @@ class FakeUpstream:
                 bad = Fatal(f"BadDigest: part {number} of {meta.key} (HTTP 400)")
         digest = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in pieces)).hexdigest()
         etag = f"{digest}-{len(parts)}"
+        upload_id = f"fake-{len(self.log)}"
+        if track is not None:
+            await track(upload_id, meta.bucket, meta.key, False)
         etag = await self._store("put_multipart", meta, b"".join(pieces), etag, bad)
+        if track is not None:
+            await track(upload_id, meta.bucket, meta.key, True)
         self.multipart_parts[(meta.bucket, meta.key)] = [len(p) for p in pieces]
         return etag
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import choose_encoder
 
+from gateway import metrics as gm
 from gateway.clock import Clock
 from gateway.flush.flusher import Flusher
 from gateway.store.journal import Journal
@@ -41,10 +41,39 @@ async def readyz(request: web.Request) -> web.Response:
     return _json({"ready": ready}, status=200 if ready else 503)
 
 
+async def lane_figures(svc: AdminServices) -> list[dict[str, Any]]:
+    """Per prefix lane: unflushed objects and bytes (journal) with the lane's flow control
+    (adaptive rate, uploads in flight, 503s, Retry-After pause). Lanes with nothing
+    pending, in flight or throttled are left out."""
+    flusher = svc.flusher
+    pending = await svc.journal.lanes(flusher.lanes.prefix_of)
+    control = {(s.bucket, s.prefix): s for s in flusher.lane_status()}
+    ceiling = flusher.lanes.config.rate_per_s
+    out = []
+    for ident in sorted(set(pending) | set(control)):
+        n, size = pending.get(ident, (0, 0))
+        lane = control.get(ident)
+        if n == 0 and (lane is None or (lane.in_flight == 0 and lane.throttles == 0)):
+            continue
+        out.append(
+            {
+                "bucket": ident[0],
+                "prefix": ident[1],
+                "pending_objects": n,
+                "pending_bytes": size,
+                "in_flight": lane.in_flight if lane else 0,
+                "rate_limit_per_s": lane.rate_limit_per_s if lane else ceiling,
+                "throttled_503": lane.throttles if lane else 0,
+                "paused_until_s": lane.paused_until_s if lane else None,
+            }
+        )
+    return out
+
+
 async def status(request: web.Request) -> web.Response:
     svc = request.app[ADMIN]
     stats = await svc.journal.stats()
-    lanes = await svc.journal.lanes()
+    lanes = await lane_figures(svc)
     flusher = svc.flusher.status()
     backlog = stats.backlog
     oldest = (
@@ -67,17 +96,7 @@ async def status(request: web.Request) -> web.Response:
             "retries": flusher.retries,
             "throttled": flusher.throttles,
             "last_error": flusher.last_error,
-            "lanes": [
-                {
-                    "bucket": b,
-                    "prefix": p,
-                    "pending_objects": n,
-                    "pending_bytes": size,
-                    "rate_limit_per_s": None,
-                    "throttled_503": 0,
-                }
-                for b, p, n, size in lanes
-            ],
+            "lanes": lanes,
         }
     )
 
@@ -150,55 +169,28 @@ async def flush_retry(request: web.Request) -> web.Response:
     return _json({"retried_objects": count})
 
 
-class Metrics:
-    """Prometheus gauges refreshed from the journal and flusher at each scrape."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-
-        def g(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, registry=self.registry)
-
-        self.pending_objects = g(
-            "gateway_pending_objects", "Acknowledged objects not yet durable upstream"
-        )
-        self.pending_bytes = g("gateway_pending_bytes", "Bytes not yet durable upstream")
-        self.failed_objects = g("gateway_failed_objects", "Objects whose flush failed permanently")
-        self.flushed_objects = g("gateway_flushed_objects", "Objects flushed upstream (lifetime)")
-        self.flushed_bytes = g("gateway_flushed_bytes", "Bytes flushed upstream (lifetime)")
-        self.recovery_point = g(
-            "gateway_oldest_unflushed_seconds", "Age of the oldest unflushed write"
-        )
-        self.retries = g("gateway_flush_retries", "Flush attempts retried since start")
-        self.throttles = g(
-            "gateway_flush_throttled", "Flush attempts answered 503/SlowDown since start"
-        )
-
-
-METRICS = web.AppKey("admin_metrics", Metrics)
-
-
 async def metrics(request: web.Request) -> web.Response:
-    svc, m = request.app[ADMIN], request.app[METRICS]
+    """Prometheus exposition of ``gateway.metrics.REGISTRY``. Counters are recorded where
+    things happen; the gauges mirroring journal state are refreshed here, at scrape."""
+    svc = request.app[ADMIN]
     stats = await svc.journal.stats()
-    flusher = svc.flusher.status()
-    m.pending_objects.set(stats.backlog.pending_objects)
-    m.pending_bytes.set(stats.backlog.pending_bytes)
-    m.failed_objects.set(stats.backlog.failed_objects)
-    m.flushed_objects.set(stats.flushed_objects)
-    m.flushed_bytes.set(stats.flushed_bytes)
-    oldest = stats.backlog.oldest_acked_s
-    m.recovery_point.set(0 if oldest is None else max(0.0, svc.clock.wall() - oldest))
-    m.retries.set(flusher.retries)
-    m.throttles.set(flusher.throttles)
-    body = generate_latest(m.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    backlog = stats.backlog
+    gm.PENDING_OBJECTS.set(backlog.pending_objects)
+    gm.PENDING_BYTES.set(backlog.pending_bytes)
+    gm.FAILED_OBJECTS.set(backlog.failed_objects)
+    gm.FLUSHED_OBJECTS.set(stats.flushed_objects)
+    gm.FLUSHED_BYTES.set(stats.flushed_bytes)
+    gm.CACHE_USED_BYTES.set(stats.cached_bytes)
+    oldest = backlog.oldest_acked_s
+    gm.RECOVERY_POINT_S.set(0.0 if oldest is None else max(0.0, svc.clock.wall() - oldest))
+    # Text format 0.0.4 unless the scraper asks for OpenMetrics (or text 1.0.0).
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return web.Response(body=encode(gm.REGISTRY), headers={"Content-Type": content_type})
 
 
 def build_admin_app(services: AdminServices) -> web.Application:
     app = web.Application()
     app[ADMIN] = services
-    app[METRICS] = Metrics()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/admin/v1/status", status)

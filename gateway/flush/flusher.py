@@ -10,7 +10,9 @@ Worker contract (after Garage's workers and rclone's write-back queue):
 - ``stop(deadline)`` stops claiming, lets uploads finish until the deadline, then cancels
   them; what is left is pending on disk and resumes at the next start.
 
-Rate control and prefix lanes plug in at ``_admit`` (one place every upload passes).
+Flow control: claims go through ``FlushPolicy`` (write-back delay, temp holds, lane room,
+commit ordering); every upload then passes ``_admit``, which takes tokens from the global
+and the lane's buckets; outcomes feed the lane's adaptive rate (AIMD) and ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+from gateway import metrics
 from gateway.clock import Clock
 from gateway.flush.backoff import Backoff
+from gateway.flush.lanes import Lane, LaneConfig, Lanes, LaneStatus
+from gateway.flush.parts import split_parts
+from gateway.flush.policy import FlushPolicy, PolicyConfig
+from gateway.flush.ratelimit import TokenBucket
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
@@ -59,6 +66,13 @@ class Flusher:
         *,
         concurrency: int = 8,
         backoff: Backoff | None = None,
+        policy: PolicyConfig | None = None,
+        lanes: LaneConfig | None = None,
+        rate_per_s: float = 0.0,
+        rate_burst: float = 0.0,
+        bandwidth_bytes_per_s: int = 0,
+        bandwidth_burst_bytes: int = 0,
+        multipart_threshold_bytes: int = 64 << 20,
     ) -> None:
         self._journal = journal
         self._blobs = blobs
@@ -66,6 +80,14 @@ class Flusher:
         self._clock = clock
         self._concurrency = concurrency
         self._backoff = backoff or Backoff()
+        self.lanes = Lanes(lanes or LaneConfig())
+        self.policy = FlushPolicy(policy or PolicyConfig(write_back_delay_s=0.0), self.lanes)
+        now_s = clock.monotonic()
+        self._requests = TokenBucket(rate_per_s, rate_burst, now_s)
+        self._bandwidth = TokenBucket(
+            bandwidth_bytes_per_s, float(bandwidth_burst_bytes or bandwidth_bytes_per_s), now_s
+        )
+        self._multipart_threshold_bytes = multipart_threshold_bytes
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._stopping = False
@@ -88,6 +110,9 @@ class Flusher:
     @property
     def is_paused(self) -> bool:
         return not self._resumed.is_set()
+
+    def lane_status(self) -> list[LaneStatus]:
+        return self.lanes.status(self._clock.wall())
 
     def status(self) -> FlusherStatus:
         state = "stopped" if self._stopping else ("paused" if self.is_paused else "running")
@@ -117,6 +142,7 @@ class Flusher:
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
+        await self._abort_abandoned_uploads()
         while not self._stopping:
             await self._resumed.wait()
             if self._stopping:
@@ -126,25 +152,45 @@ class Flusher:
                 continue
             self._journal.pending_event.clear()
             claimed = await self._journal.claim(
-                self._concurrency - len(self._tasks), self._clock.wall()
+                self._concurrency - len(self._tasks), self._clock.wall(), self.policy.round()
             )
             if self._stopping or self.is_paused:
-                await self._journal.release(claimed)
+                await self._journal.release(claimed.objects)
                 continue
-            for obj in claimed:
+            for obj in claimed.objects:
                 self._spawn(obj)
-            if not claimed:
-                wait_s = _IDLE_POLL_S
-                next_s = await self._journal.next_retry_s()
-                if next_s is not None:
-                    wait_s = min(wait_s, max(0.0, next_s - self._clock.wall()))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._journal.pending_event.wait(), wait_s)
+            if not claimed.objects:
+                await self._idle(claimed.wake_s)
+
+    async def _idle(self, held_until_s: float | None) -> None:
+        """Sleep until new work, a finished upload, or the next held/backed-off row."""
+        wake = [self._clock.wall() + _IDLE_POLL_S]
+        if held_until_s is not None:
+            wake.append(held_until_s)
+        next_s = await self._journal.next_retry_s()
+        if next_s is not None:
+            wake.append(next_s)
+        wait_s = max(0.0, min(wake) - self._clock.wall())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._journal.pending_event.wait(), wait_s)
+
+    async def _abort_abandoned_uploads(self) -> None:
+        """Abort upstream multipart uploads a previous run left behind (crash): they would
+        otherwise accrue storage cost forever. Kept for the next start if the upstream
+        cannot be reached now."""
+        for upload_id, bucket, key in await self._journal.upstream_uploads():
+            if await self._upstream.abort_multipart(bucket, key, upload_id):
+                log.info("aborted abandoned upstream upload %s of %s/%s", upload_id, bucket, key)
+                await self._journal.forget_upstream_upload(upload_id)
 
     def _spawn(self, obj: LocalObject) -> None:
         ident = (obj.meta.bucket, obj.meta.key)
         previous = self._by_key.get(ident)
-        task = asyncio.create_task(self._flush_one(obj, previous), name=f"flush {obj.meta.key}")
+        lane = self.lanes.lane_for(obj.meta.bucket, obj.meta.key, self._clock.wall())
+        lane.in_flight += 1
+        task = asyncio.create_task(
+            self._flush_one(obj, lane, previous), name=f"flush {obj.meta.key}"
+        )
         self._by_key[ident] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -154,31 +200,55 @@ class Flusher:
         if self._by_key.get(ident) is task:
             del self._by_key[ident]
 
-    async def _flush_one(self, obj: LocalObject, previous: asyncio.Task[None] | None) -> None:
-        if previous is not None:
-            # Never overlap two uploads of one key: the older one finishes first.
-            await asyncio.wait([previous])
-        await self._admit(obj)
+    async def _flush_one(
+        self, obj: LocalObject, lane: Lane, previous: asyncio.Task[None] | None
+    ) -> None:
         try:
-            await self._upload(obj)
+            if previous is not None:
+                # Never overlap two uploads of one key: the older one finishes first.
+                await asyncio.wait([previous])
+            await self._flush(obj, lane)
+        finally:
+            lane.in_flight -= 1
+            self._journal.pending_event.set()  # the lane has room again
+
+    async def _flush(self, obj: LocalObject, lane: Lane) -> None:
+        try:
+            await self._upload(obj, lane)
         except _Superseded:
             return
         except FlushError as exc:
-            await self._on_failure(obj, exc)
+            await self._on_failure(obj, lane, exc)
             return
         except Exception as exc:  # a bug below us must not strand the row in 'flushing'
             log.exception("unexpected error flushing %s/%s", obj.meta.bucket, obj.meta.key)
-            await self._on_failure(obj, Retryable(f"unexpected {type(exc).__name__}: {exc}"))
+            await self._on_failure(obj, lane, Retryable(f"unexpected {type(exc).__name__}: {exc}"))
             return
+        lane.on_success(self._clock.wall())
         self._uploads_ok += 1
-        await self._journal.mark_durable(obj)
+        if await self._journal.mark_durable(obj):
+            metrics.FLUSH_OBJECTS.inc()
+            metrics.FLUSH_BYTES.inc(obj.meta.size_bytes)
         log.debug("flushed %s/%s seq=%d", obj.meta.bucket, obj.meta.key, obj.seq)
 
-    async def _admit(self, obj: LocalObject) -> None:
-        """Rate control hook: token buckets and lanes wait here (a later issue)."""
+    async def _admit(self, lane: Lane, requests: int, size_bytes: int) -> None:
+        """Wait for tokens: the global buckets and the lane's (requests and bytes)."""
+        now_s = self._clock.wall()
+        wait_s = max(
+            self._requests.reserve(requests, now_s),
+            self._bandwidth.reserve(size_bytes, now_s),
+            lane.reserve(requests, size_bytes, now_s),
+        )
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
 
-    async def _upload(self, obj: LocalObject) -> None:
+    async def _upload(self, obj: LocalObject, lane: Lane) -> None:
         if obj.is_delete:
+            if not obj.flushed_before and self.policy.is_temp(obj.meta.key):
+                # A temp key that lived and died here: it never reached the upstream, and
+                # temp names are not expected there from elsewhere. Nothing to send.
+                return
+            await self._admit(lane, 1, 0)
             await self._upstream.delete_object(obj.meta.bucket, obj.meta.key)
             return
         with contextlib.ExitStack() as files:
@@ -195,26 +265,43 @@ class Flusher:
                     PartSource(f, p.size_bytes, p.etag)
                     for f, p in zip(opened, obj.parts, strict=True)
                 ]
-                etag = await self._upstream.put_multipart(obj.meta, sources)
+                expected = obj.meta.etag
+            elif obj.meta.size_bytes > self._multipart_threshold_bytes:
+                sources, expected = await split_parts(opened[0], obj.meta.size_bytes)
             else:
+                await self._admit(lane, 1, obj.meta.size_bytes)
                 etag = await self._upstream.put_object(obj.meta, opened[0])
-        if etag and etag != obj.meta.etag:
-            raise Fatal(f"upstream ETag {etag} differs from acknowledged {obj.meta.etag}")
+                _check_etag(etag, obj.meta.etag)
+                return
+            await self._admit(lane, len(sources) + 2, obj.meta.size_bytes)
+            etag = await self._upstream.put_multipart(obj.meta, sources, self._track_upload)
+        _check_etag(etag, expected)
+
+    async def _track_upload(self, upload_id: str, bucket: str, key: str, done: bool) -> None:
+        """Record an upstream multipart upload while it is open (see recovery in run)."""
+        if done:
+            await self._journal.forget_upstream_upload(upload_id)
+        else:
+            await self._journal.record_upstream_upload(upload_id, bucket, key, self._clock.wall())
 
     async def _is_superseded(self, obj: LocalObject) -> bool:
         current = await self._journal.get(obj.meta.bucket, obj.meta.key)
         return current is None or current.seq != obj.seq
 
-    async def _on_failure(self, obj: LocalObject, exc: FlushError) -> None:
+    async def _on_failure(self, obj: LocalObject, lane: Lane, exc: FlushError) -> None:
         self._last_error = f"{obj.meta.bucket}/{obj.meta.key}: {exc}"
         if isinstance(exc, Fatal):
             self._uploads_failed += 1
+            metrics.FLUSH_FAILURES.inc()
             log.error("flush of %s/%s failed permanently: %s", obj.meta.bucket, obj.meta.key, exc)
             await self._journal.mark_failed(obj, str(exc))
             return
         self._retries += 1
+        metrics.FLUSH_RETRIES.inc()
         if isinstance(exc, Throttled):
             self._throttles += 1
+            metrics.FLUSH_THROTTLES.labels(lane.bucket, lane.prefix).inc()
+            lane.on_throttle(self._clock.wall(), exc.retry_after_s)
         delay = self._backoff.delay_s(obj.attempts, exc.retry_after_s)
         log.warning(
             "flush of %s/%s failed (try %d), retrying in %.2fs: %s",
@@ -225,3 +312,8 @@ class Flusher:
             exc,
         )
         await self._journal.retry_later(obj, str(exc), self._clock.wall() + delay)
+
+
+def _check_etag(got: str, expected: str) -> None:
+    if got and got != expected:
+        raise Fatal(f"upstream ETag {got} differs from the expected {expected}")

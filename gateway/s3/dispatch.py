@@ -45,6 +45,8 @@ class S3Services:
 
 
 SERVICES = web.AppKey("s3_services", S3Services)
+# The request's parsed operation, for the middlewares (metrics) once routing has run.
+OPERATION = web.RequestKey("s3_operation", ops.Operation)
 Handler = Callable[[web.Request, Any, S3Services, AuthContext], Awaitable[web.StreamResponse]]
 HANDLERS: dict[type[ops.Operation], Handler] = {}
 
@@ -69,6 +71,7 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     op = parse_operation(
         request.method, request.host, raw_path, query, request.headers, domain=svc.domain
     )
+    request[OPERATION] = op
     handler = HANDLERS.get(type(op))
     if handler is None:
         name = op.name if isinstance(op, ops.Unsupported) else type(op).__name__

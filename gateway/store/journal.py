@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import json
 import sqlite3
 import threading
@@ -26,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gateway.models import BucketInfo, FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.sqlite_writer import GroupWriter
@@ -38,8 +39,85 @@ RowCheck = Callable[[LocalObject | None], None]
 
 _COLUMNS = (
     "bucket, key, seq, state, is_delete, blob_id, size_bytes, etag, last_modified_s, "
-    "content_type, user_metadata, headers, checksums, attempts, last_error, parts"
+    "content_type, user_metadata, headers, checksums, attempts, last_error, parts, acked_s, "
+    "flushed_before"
 )
+
+
+class Action(enum.Enum):
+    CLAIM = "claim"  # flush it now
+    SKIP = "skip"  # not now (its lane is busy, it waits on others); look again next time
+    HOLD = "hold"  # not before ``until_s``: recorded, so it is not offered again until then
+    STOP = "stop"  # neither this row nor any later one is eligible before ``until_s``
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    action: Action
+    until_s: float = 0.0
+
+
+CLAIM = Verdict(Action.CLAIM)
+SKIP = Verdict(Action.SKIP)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """What a claim policy sees of a pending row (cheap: no JSON decoded)."""
+
+    bucket: str
+    key: str
+    seq: int
+    is_delete: bool
+    size_bytes: int
+    acked_s: float
+    flushed_before: bool
+
+
+class QueueView(Protocol):
+    """Queries a claim policy may make inside the claim transaction."""
+
+    def unflushed_before(self, bucket: str, prefix: str, seq: int) -> bool:
+        """Whether a row under ``bucket``/``prefix`` acked before ``seq`` is not durable."""
+        ...
+
+
+class ClaimPolicy(Protocol):
+    """Decides, row by row in ack order, what the flusher takes next (flush/policy.py)."""
+
+    def decide(self, entry: QueueEntry, now_s: float, view: QueueView) -> Verdict: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    objects: list[LocalObject]
+    wake_s: float | None  # when a held row becomes eligible (None: nothing held)
+
+
+class _QueueView:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def unflushed_before(self, bucket: str, prefix: str, seq: int) -> bool:
+        # Keys compare as UTF-8 bytes, which orders like code points: [prefix, end) is
+        # exactly the keys starting with prefix, and the primary key index serves it.
+        row = self._conn.execute(
+            "SELECT 1 FROM objects WHERE bucket = ? AND key >= ? AND key < ? AND seq < ? "
+            "AND state != 'durable' LIMIT 1",
+            (bucket, prefix, prefix_end(prefix), seq),
+        ).fetchone()
+        return row is not None
+
+
+def prefix_end(prefix: str) -> str:
+    """The smallest string greater than every string that starts with ``prefix``."""
+    stripped = prefix.rstrip("\U0010ffff")
+    if not stripped:
+        return "\U0010ffff" * (len(prefix) + 1)  # only reached for absurd keys
+    nxt = ord(stripped[-1]) + 1
+    if 0xD800 <= nxt <= 0xDFFF:  # surrogates cannot be encoded; skip the block
+        nxt = 0xE000
+    return stripped[:-1] + chr(nxt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,13 +295,16 @@ class Journal:
     ) -> tuple[LocalObject, list[str]]:
         """Inside a write op: replace the key's row; return it and the blobs it superseded."""
         old = conn.execute(
-            "SELECT blob_id, parts FROM objects WHERE bucket = ? AND key = ?",
+            "SELECT blob_id, parts, state, flushed_before FROM objects "
+            "WHERE bucket = ? AND key = ?",
             (meta.bucket, meta.key),
         ).fetchone()
+        # Whether we ever sent (or are sending) an older version of this key upstream.
+        flushed_before = old is not None and (bool(old[3]) or old[2] != FlushState.PENDING.value)
         seq = self._next_seq
         conn.execute(
-            f"INSERT OR REPLACE INTO objects ({_COLUMNS}, not_before_s, acked_s) "
-            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, 0, ?)",
+            f"INSERT OR REPLACE INTO objects ({_COLUMNS}, not_before_s) "
+            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, 0)",
             (
                 meta.bucket,
                 meta.key,
@@ -239,6 +320,7 @@ class Journal:
                 json.dumps(dict(meta.checksums)),
                 _parts_json(parts),
                 acked_s,
+                int(flushed_before),
             ),
         )
         # Only advance once the statement succeeded (a failed op is rolled back alone).
@@ -250,6 +332,8 @@ class Journal:
             blob_id=blob_id,
             is_delete=is_delete,
             parts=parts,
+            acked_s=acked_s,
+            flushed_before=flushed_before,
         )
         return row, (_blob_ids(old[0], old[1]) if old else [])
 
@@ -306,21 +390,50 @@ class Journal:
 
     # -- the flush queue ------------------------------------------------------------------
 
-    async def claim(self, limit: int, now_s: float) -> list[LocalObject]:
-        """Move up to ``limit`` eligible pending rows (oldest ack first) to ``flushing``."""
+    async def claim(self, limit: int, now_s: float, policy: ClaimPolicy) -> Claimed:
+        """Move up to ``limit`` pending rows (oldest ack first) that ``policy`` admits to
+        ``flushing``. Rows backed off (``not_before_s``) are not offered. ``policy`` runs
+        inside the write transaction, so what it sees cannot change under it."""
 
-        def op(conn: sqlite3.Connection) -> list[LocalObject]:
-            rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM objects WHERE state = 'pending' AND not_before_s <= ? "
-                "ORDER BY seq LIMIT ?",
-                (now_s, limit),
-            ).fetchall()
-            claimed = [_row(r) for r in rows]
-            conn.executemany(
-                "UPDATE objects SET state = 'flushing' WHERE bucket = ? AND key = ? AND seq = ?",
-                [(o.meta.bucket, o.meta.key, o.seq) for o in claimed],
+        def op(conn: sqlite3.Connection) -> Claimed:
+            view = _QueueView(conn)
+            chosen: list[tuple[str, str, int]] = []
+            holds: list[tuple[float, str, str, int]] = []
+            wake_s: float | None = None
+            cursor = conn.execute(
+                "SELECT bucket, key, seq, is_delete, size_bytes, acked_s, flushed_before "
+                "FROM objects WHERE state = 'pending' AND not_before_s <= ? ORDER BY seq",
+                (now_s,),
             )
-            return [_with_state(o, FlushState.FLUSHING) for o in claimed]
+            for bucket, key, seq, is_delete, size, acked_s, flushed in cursor:
+                entry = QueueEntry(bucket, key, seq, bool(is_delete), size, acked_s, bool(flushed))
+                verdict = policy.decide(entry, now_s, view)
+                if verdict.action is Action.CLAIM:
+                    chosen.append((bucket, key, seq))
+                    if len(chosen) >= limit:
+                        break
+                    continue
+                if verdict.action is Action.HOLD:
+                    holds.append((verdict.until_s, bucket, key, seq))
+                if verdict.action in (Action.HOLD, Action.STOP):
+                    wake_s = verdict.until_s if wake_s is None else min(wake_s, verdict.until_s)
+                if verdict.action is Action.STOP:
+                    break
+            conn.executemany(
+                "UPDATE objects SET not_before_s = ? WHERE bucket = ? AND key = ? AND seq = ?",
+                holds,
+            )
+            claimed: list[LocalObject] = []
+            for bucket, key, seq in chosen:
+                conn.execute(
+                    "UPDATE objects SET state = 'flushing' WHERE bucket = ? AND key = ? "
+                    "AND seq = ?",
+                    (bucket, key, seq),
+                )
+                row = self.current(conn, bucket, key)
+                assert row is not None  # same transaction as the SELECT above
+                claimed.append(row)
+            return Claimed(claimed, wake_s)
 
         return await self._write(op)
 
@@ -356,6 +469,7 @@ class Journal:
             return cur.rowcount > 0
 
         done = await self._write(op)
+        self.pending_event.set()  # a commit marker may have been waiting for this one
         await self._notify()
         return done
 
@@ -449,18 +563,45 @@ class Journal:
     async def stats(self) -> Stats:
         return await self._read(_stats)
 
-    async def lanes(self) -> list[tuple[str, str, int, int]]:
-        """Unflushed objects and bytes by (bucket, first path segment): the prefix lanes."""
+    async def lanes(self, lane_of: Callable[[str], str]) -> dict[tuple[str, str], tuple[int, int]]:
+        """Unflushed objects and bytes by (bucket, lane prefix), ``lane_of`` mapping a key."""
 
-        def op(conn: sqlite3.Connection) -> list[tuple[str, str, int, int]]:
-            rows = conn.execute(
-                "SELECT bucket, CASE WHEN instr(key, '/') > 0 THEN substr(key, 1, instr(key, '/')) "
-                "ELSE '' END AS lane, COUNT(*), COALESCE(SUM(size_bytes), 0) FROM objects "
-                "WHERE state != 'durable' GROUP BY bucket, lane ORDER BY bucket, lane"
-            ).fetchall()
-            return [(str(b), str(p), int(n), int(s)) for b, p, n, s in rows]
+        def op(conn: sqlite3.Connection) -> dict[tuple[str, str], tuple[int, int]]:
+            out: dict[tuple[str, str], tuple[int, int]] = {}
+            for bucket, key, size in conn.execute(
+                "SELECT bucket, key, size_bytes FROM objects WHERE state != 'durable'"
+            ):
+                ident = (str(bucket), lane_of(str(key)))
+                n, total = out.get(ident, (0, 0))
+                out[ident] = (n + 1, total + int(size))
+            return out
 
         return await self._read(op)
+
+    # -- upstream multipart uploads in progress ----------------------------------------------
+
+    async def record_upstream_upload(
+        self, upload_id: str, bucket: str, key: str, created_s: float
+    ) -> None:
+        """Remember an upstream multipart upload before its parts are sent (crash safety)."""
+        await self._write(
+            lambda c: c.execute(
+                "INSERT OR REPLACE INTO upstream_uploads VALUES (?, ?, ?, ?)",
+                (upload_id, bucket, key, created_s),
+            )
+        )
+
+    async def forget_upstream_upload(self, upload_id: str) -> None:
+        await self._write(
+            lambda c: c.execute("DELETE FROM upstream_uploads WHERE upload_id = ?", (upload_id,))
+        )
+
+    async def upstream_uploads(self) -> list[tuple[str, str, str]]:
+        """(upload_id, bucket, key) of every upstream upload not known to be finished."""
+        rows = await self._read(
+            lambda c: c.execute("SELECT upload_id, bucket, key FROM upstream_uploads").fetchall()
+        )
+        return [(str(u), str(b), str(k)) for u, b, k in rows]
 
     async def failed(self, limit: int = 100) -> list[LocalObject]:
         def op(conn: sqlite3.Connection) -> list[LocalObject]:
@@ -561,6 +702,8 @@ def _row(r: tuple[Any, ...]) -> LocalObject:
         attempts,
         last_error,
         parts,
+        acked_s,
+        flushed_before,
     ) = r
     meta = ObjectMeta(
         bucket=bucket,
@@ -582,6 +725,8 @@ def _row(r: tuple[Any, ...]) -> LocalObject:
         attempts=attempts,
         last_error=last_error,
         parts=tuple(PartRef(*p) for p in json.loads(parts)) if parts else (),
+        acked_s=acked_s,
+        flushed_before=bool(flushed_before),
     )
 
 

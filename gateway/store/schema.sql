@@ -20,6 +20,7 @@ CREATE TABLE IF NOT EXISTS objects (
     last_error      TEXT,
     not_before_s    REAL    NOT NULL DEFAULT 0,-- wall clock: earliest next flush attempt
     acked_s         REAL    NOT NULL,          -- wall clock of the acknowledgement
+    flushed_before  INTEGER NOT NULL DEFAULT 0,-- 1: an older version was sent upstream by us
     PRIMARY KEY (bucket, key)
 ) WITHOUT ROWID;
 
@@ -60,4 +61,13 @@ CREATE TABLE IF NOT EXISTS parts (
     checksums       TEXT    NOT NULL,
     last_modified_s REAL    NOT NULL,
     PRIMARY KEY (upload_id, part_number)
+) WITHOUT ROWID;
+
+-- Upstream multipart uploads the flusher has created and not yet completed or aborted.
+-- A row left behind by a crash is aborted at the next start (never left to accrue cost).
+CREATE TABLE IF NOT EXISTS upstream_uploads (
+    upload_id  TEXT PRIMARY KEY,
+    bucket     TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    created_s  REAL NOT NULL
 ) WITHOUT ROWID;

@@ -13,14 +13,16 @@ import contextlib
 import email.utils
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
+from botocore.exceptions import ClientError
 
 from gateway.errors import NoSuchBucket, S3Error
+from gateway.metrics import UPSTREAM_REQUESTS
 from gateway.models import BucketInfo, ListEntry, ObjectMeta
 from gateway.upstream.classify import for_client, for_flush
 
@@ -88,6 +90,11 @@ class PartSource:
     md5_hex: str
 
 
+# Called with (upload_id, bucket, key, done): done=False once the upstream upload exists
+# (before any part is sent), done=True once it is completed or aborted.
+UploadTracker = Callable[[str, str, str, bool], Awaitable[None]]
+
+
 class Upstream(Protocol):
     """The real bucket.
 
@@ -98,7 +105,11 @@ class Upstream(Protocol):
 
     async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str: ...
 
-    async def put_multipart(self, meta: ObjectMeta, parts: Sequence[PartSource]) -> str: ...
+    async def put_multipart(
+        self, meta: ObjectMeta, parts: Sequence[PartSource], track: UploadTracker | None = None
+    ) -> str: ...
+
+    async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool: ...
 
     async def delete_object(self, bucket: str, key: str) -> None: ...
 
@@ -132,6 +143,16 @@ class Upstream(Protocol):
     async def create_bucket(self, bucket: str, location: str | None) -> None: ...
 
     async def delete_bucket(self, bucket: str) -> None: ...
+
+
+def count_upstream_request(
+    event_name: str, response_dict: Mapping[str, Any] | None = None, **kwargs: Any
+) -> None:
+    """botocore ``response-received.s3.<Operation>`` handler (one event per HTTP attempt):
+    counts the request by operation and HTTP status, ``error`` when no response came back
+    (connection refused or reset, timeout)."""
+    status = "error" if response_dict is None else str(response_dict.get("status_code"))
+    UPSTREAM_REQUESTS.labels(event_name.rpartition(".")[2], status).inc()
 
 
 class AiobotocoreUpstream:
@@ -179,6 +200,7 @@ class AiobotocoreUpstream:
                 **kwargs,
             )
         )
+        self._client.meta.events.register("response-received.s3", count_upstream_request)
 
     async def close(self) -> None:
         await self._stack.aclose()
@@ -191,15 +213,19 @@ class AiobotocoreUpstream:
                 Body=body,
                 ContentLength=meta.size_bytes,
                 ContentMD5=_b64_md5(meta.etag),
+                **_checksum_params(meta),
                 **_object_params(meta),
             )
         except Exception as exc:  # classified: the flusher decides what it means
             raise for_flush(exc) from exc
         return str(resp.get("ETag", "")).strip('"')
 
-    async def put_multipart(self, meta: ObjectMeta, parts: Sequence[PartSource]) -> str:
+    async def put_multipart(
+        self, meta: ObjectMeta, parts: Sequence[PartSource], track: UploadTracker | None = None
+    ) -> str:
         """Upload as multipart with exactly these part boundaries (so the ETag matches);
-        parts go in parallel. Any failure aborts the upstream upload: nothing accrues cost."""
+        parts go in parallel. Any failure aborts the upstream upload: nothing accrues cost.
+        ``track`` records the upload while it is open, so a crash cannot abandon it."""
         bucket, key = meta.bucket, meta.key
         try:
             created = await self._client.create_multipart_upload(**_object_params(meta))
@@ -207,6 +233,8 @@ class AiobotocoreUpstream:
             raise for_flush(exc) from exc
         upload_id = created["UploadId"]
         try:
+            if track is not None:
+                await track(upload_id, bucket, key, False)
             limit = asyncio.Semaphore(self._part_concurrency)
 
             async def send(number: int, part: PartSource) -> dict[str, Any]:
@@ -231,21 +259,33 @@ class AiobotocoreUpstream:
                 MultipartUpload={"Parts": [t.result() for t in tasks]},
             )
         except BaseException as exc:
-            await asyncio.shield(self._abort(bucket, key, upload_id))
+            aborted = await asyncio.shield(self.abort_multipart(bucket, key, upload_id))
+            if aborted and track is not None:
+                await asyncio.shield(track(upload_id, bucket, key, True))
             if isinstance(exc, BaseExceptionGroup):
                 exc = exc.exceptions[0]
             if isinstance(exc, Exception):
                 raise for_flush(exc) from exc
             raise
+        if track is not None:
+            await track(upload_id, bucket, key, True)
         return str(resp.get("ETag", "")).strip('"')
 
-    async def _abort(self, bucket: str, key: str, upload_id: str) -> None:
+    async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool:
+        """Abort an upstream multipart upload. True when it is gone (also if it already
+        was: NoSuchUpload); False if the upstream could not be asked (try again later)."""
         try:
             await self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
         except Exception as exc:  # best effort; the failure that led here is what matters
+            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == (
+                "NoSuchUpload"
+            ):
+                return True
             log.warning(
                 "could not abort upstream upload %s of %s/%s: %s", upload_id, bucket, key, exc
             )
+            return False
+        return True
 
     async def delete_object(self, bucket: str, key: str) -> None:
         try:
@@ -352,6 +392,25 @@ def _object_params(meta: ObjectMeta) -> dict[str, Any]:
         if name in meta.headers:
             params[param] = meta.headers[name]
     return params
+
+
+_CHECKSUM_PARAMS = {
+    "crc64nvme": "ChecksumCRC64NVME",
+    "crc32c": "ChecksumCRC32C",
+    "crc32": "ChecksumCRC32",
+    "sha256": "ChecksumSHA256",
+    "sha1": "ChecksumSHA1",
+}
+
+
+def _checksum_params(meta: ObjectMeta) -> dict[str, str]:
+    """One stored full-object checksum (S3 takes one per request), so the upstream
+    re-verifies the bytes end to end; Content-MD5 is sent as well."""
+    for algorithm, param in _CHECKSUM_PARAMS.items():
+        value = meta.checksums.get(algorithm)
+        if value:
+            return {param: value}
+    return {}
 
 
 def _b64_md5(md5_hex: str) -> str:

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pytest
 from harness import flush_state, payload, quoted_md5, read_body, upstream_objects
 
 MiB = 1024 * 1024
@@ -110,7 +109,6 @@ def test_parallel_writers_same_keys_final_state(gateway: Any, upstream: Any, buc
     assert gateway.status()["failed_objects"] == failed_before
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4: commit ordering of marker objects")
 def test_commit_marker_flushed_last(gateway: Any, upstream: Any, bucket: str) -> None:
     """torch.distributed.checkpoint writes `.metadata` last: the upstream never shows it
     before every shard acknowledged earlier under the same prefix."""
@@ -142,7 +140,6 @@ def test_commit_marker_flushed_last(gateway: Any, upstream: Any, bucket: str) ->
     assert snapshots >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4: commit ordering of marker objects")
 def test_success_marker_flushed_last(gateway: Any, upstream: Any, bucket: str) -> None:
     s3 = gateway.client()
     parts = {f"out/part-{i:05d}": payload(128 * 1024, seed=f"part{i}") for i in range(8)}

@@ -22,6 +22,7 @@ from gateway.s3.handlers.objects import (
     user_metadata,
     write_preconditions,
 )
+from gateway.s3.metrics import note_ingested
 from gateway.s3.xml import iso8601
 
 # 10,000 parts of ~120 bytes each, with room for whitespace and namespaces.
@@ -87,6 +88,7 @@ async def upload_part(
     body, length = request_body(request, auth)
     req = put_request(ops.PutObject(op.bucket, op.key), request.headers, length)
     part = await svc.multipart.upload_part(req, op.upload_id, int(op.part_number), body)
+    note_ingested(request, part.size_bytes)
     headers = {"ETag": f'"{part.etag}"'}
     headers.update({f"x-amz-checksum-{a}": v for a, v in part.checksums.items()})
     return web.Response(status=200, headers=headers)

@@ -19,6 +19,7 @@ from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext
 from gateway.s3.body import request_body
 from gateway.s3.dispatch import S3Services, handles
+from gateway.s3.metrics import note_ingested
 from gateway.s3.middleware import render_error
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,7 @@ async def put_object(
     body, length = request_body(request, auth)
     put = put_request(op, request.headers, length)
     meta = await svc.objects.put_object(put, body, cond)
+    note_ingested(request, meta.size_bytes)
     headers = {"ETag": f'"{meta.etag}"', **_checksum_headers(meta.checksums)}
     return web.Response(status=200, headers=headers)
 

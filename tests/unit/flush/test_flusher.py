@@ -22,11 +22,27 @@ from gateway.flush.backoff import Backoff
 from gateway.flush.flusher import Flusher
 from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.blobs import BlobStore
-from gateway.store.journal import Journal
+from gateway.store.journal import (
+    CLAIM,
+    Claimed,
+    ClaimPolicy,
+    Journal,
+    QueueEntry,
+    QueueView,
+    Verdict,
+)
 from gateway.store.uploads import Part, Upload, UploadJournal
 from gateway.upstream.classify import Fatal, Retryable, Throttled
 
 BUCKET = "ckpt"
+
+
+class _AdmitAll:
+    def decide(self, entry: QueueEntry, now_s: float, view: QueueView) -> Verdict:
+        return CLAIM
+
+
+ADMIT_ALL = _AdmitAll()
 WAIT_S = 5.0
 
 
@@ -152,14 +168,15 @@ class _ClaimWatch:
         self._event = asyncio.Event()
         original = journal.claim
 
-        async def claim(limit: int, now_s: float) -> list[LocalObject]:
-            rows = await original(limit, now_s)
+        async def claim(limit: int, now_s: float, policy: ClaimPolicy) -> Claimed:
+            claimed = await original(limit, now_s, policy)
+            rows = claimed.objects
             if rows:
                 self.seqs += [r.seq for r in rows]
                 self._event.set()
                 if self.then is not None:
                     self.then(rows)
-            return rows
+            return claimed
 
         monkeypatch.setattr(journal, "claim", claim)
 
@@ -346,7 +363,7 @@ async def test_flusher_waits_for_backoff_before_retrying(
         await _until(journal, retried)
         # The wall clock stands still: the row is not eligible, nothing is sent again.
         for _ in range(3):
-            assert await journal.claim(10, clock.wall()) == []
+            assert (await journal.claim(10, clock.wall(), ADMIT_ALL)).objects == []
         clock.advance(1.0)
         await _drained(journal)
 
@@ -550,7 +567,7 @@ async def test_flusher_restart_resumes_rows_left_flushing(
 ) -> None:
     a = await _write(journal, blobs, "a", b"alpha")
     b = await _write(journal, blobs, "b", b"beta")
-    claimed = await journal.claim(1, time.time())
+    claimed = (await journal.claim(1, time.time(), ADMIT_ALL)).objects
     assert [o.seq for o in claimed] == [a.seq]
     row = await journal.get(BUCKET, "a")
     assert row is not None and row.state == FlushState.FLUSHING

@@ -1,0 +1,130 @@
+"""Prefix lanes: pending objects partitioned by bucket and key prefix.
+
+S3 scales its request-rate limits per key prefix, so the flusher keeps per prefix what a
+throttle affects: an adaptive request rate (``AimdRate``) feeding a ``TokenBucket``, an
+optional bytes-per-second bucket, a concurrency count and a pause after ``Retry-After``.
+A lane throttled hard therefore never slows the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.flush.ratelimit import AimdRate, TokenBucket
+
+_MAX_IDLE_LANES = 4096  # idle lanes are forgotten beyond this (a new step makes new lanes)
+
+
+def lane_prefix(key: str, depth: int) -> str:
+    """The lane of ``key``: its first ``depth`` directory segments, with the trailing ``/``.
+
+    The file name is never part of it, so the ranks of a checkpoint laid out as
+    ``ckpt/step_K/rank_R/shard`` spread over lanes at depth 3; keys without a directory
+    share the bucket's root lane ``""``.
+    """
+    directories = key.split("/")[:-1]
+    chosen = directories[: max(depth, 0)]
+    return "/".join(chosen) + "/" if chosen else ""
+
+
+@dataclass(frozen=True, slots=True)
+class LaneConfig:
+    depth: int = 3
+    rate_per_s: float = 3500.0  # ceiling of the adaptive rate; S3's per-prefix write limit
+    min_rate_per_s: float = 1.0
+    bandwidth_bytes_per_s: int = 0  # 0: unlimited
+    concurrency: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class LaneStatus:
+    bucket: str
+    prefix: str
+    rate_limit_per_s: float
+    in_flight: int
+    throttles: int
+    paused_until_s: float | None
+
+
+class Lane:
+    """One prefix lane's flow-control state (mutated only on the event loop)."""
+
+    def __init__(self, bucket: str, prefix: str, config: LaneConfig, now_s: float) -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+        self.rate = AimdRate(config.rate_per_s, config.min_rate_per_s, now_s)
+        self.requests = TokenBucket(config.rate_per_s, max(config.rate_per_s, 1.0), now_s)
+        self.bandwidth = TokenBucket(
+            config.bandwidth_bytes_per_s, config.bandwidth_bytes_per_s, now_s
+        )
+        self.concurrency = config.concurrency
+        self.in_flight = 0
+        self.throttles = 0
+        self.paused_until_s = 0.0
+        self.last_used_s = now_s
+
+    def has_room(self, now_s: float, claimed_now: int) -> bool:
+        """Whether one more upload may start: a free slot and no Retry-After pause."""
+        return self.in_flight + claimed_now < self.concurrency and now_s >= self.paused_until_s
+
+    def reserve(self, requests: int, size_bytes: int, now_s: float) -> float:
+        """Take tokens for an upload; seconds to wait before sending it."""
+        self.last_used_s = now_s
+        for _ in range(requests):
+            self.rate.on_send(now_s)
+        return max(
+            self.requests.reserve(requests, now_s), self.bandwidth.reserve(size_bytes, now_s)
+        )
+
+    def on_success(self, now_s: float) -> None:
+        self.rate.on_success(now_s)
+        self.requests.set_rate(self.rate.rate_per_s, now_s)
+
+    def on_throttle(self, now_s: float, retry_after_s: float | None) -> None:
+        self.throttles += 1
+        if self.rate.on_throttle(now_s):
+            self.requests.set_rate(self.rate.rate_per_s, now_s)
+        if retry_after_s:
+            self.paused_until_s = max(self.paused_until_s, now_s + retry_after_s)
+
+    def status(self, now_s: float) -> LaneStatus:
+        return LaneStatus(
+            self.bucket,
+            self.prefix,
+            round(self.rate.rate_per_s, 3),
+            self.in_flight,
+            self.throttles,
+            self.paused_until_s if self.paused_until_s > now_s else None,
+        )
+
+
+class Lanes:
+    """The lanes, created on first use."""
+
+    def __init__(self, config: LaneConfig) -> None:
+        self.config = config
+        self._lanes: dict[tuple[str, str], Lane] = {}
+
+    def prefix_of(self, key: str) -> str:
+        return lane_prefix(key, self.config.depth)
+
+    def lane_for(self, bucket: str, key: str, now_s: float) -> Lane:
+        ident = (bucket, self.prefix_of(key))
+        lane = self._lanes.get(ident)
+        if lane is None:
+            if len(self._lanes) >= _MAX_IDLE_LANES:
+                self._forget_idle()
+            lane = self._lanes[ident] = Lane(bucket, ident[1], self.config, now_s)
+        return lane
+
+    def peek(self, bucket: str, key: str) -> Lane | None:
+        """The lane of a key if it exists (no side effects: safe from the journal thread)."""
+        return self._lanes.get((bucket, self.prefix_of(key)))
+
+    def _forget_idle(self) -> None:
+        for ident, lane in list(self._lanes.items()):
+            if lane.in_flight == 0:
+                del self._lanes[ident]
+
+    def status(self, now_s: float) -> list[LaneStatus]:
+        return [lane.status(now_s) for lane in self._lanes.values()]

@@ -1,0 +1,119 @@
+"""Prometheus metrics of the process, in one registry served by the admin listener.
+
+A bottom-layer module (like ``errors`` and ``clock``): every layer may record into it, none
+depends on another through it. Counters count since process start (Prometheus convention);
+gauges that mirror journal state are refreshed at each scrape by the admin API.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry()
+
+# Buckets from 250 µs (an fsync on fast NVMe) to 10 s (a large multipart part).
+_LATENCY_BUCKETS_S = (
+    0.00025,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+ACK_LATENCY_S = Histogram(
+    "gateway_ack_latency_seconds",
+    "Time from request start to the acknowledgement of a write, by S3 operation",
+    ["operation"],
+    buckets=_LATENCY_BUCKETS_S,
+    registry=REGISTRY,
+)
+INGEST_OBJECTS = Counter(
+    "gateway_ingest_objects",
+    "Write requests acknowledged, by S3 operation (a DeleteObjects request counts once)",
+    ["operation"],
+    registry=REGISTRY,
+)
+INGEST_BYTES = Counter(
+    "gateway_ingest_bytes",
+    "Request body bytes (decoded) acknowledged by PutObject and UploadPart",
+    registry=REGISTRY,
+)
+FLUSH_OBJECTS = Counter(
+    "gateway_flush_objects", "Objects (and deletes) made durable upstream", registry=REGISTRY
+)
+FLUSH_BYTES = Counter("gateway_flush_bytes", "Bytes made durable upstream", registry=REGISTRY)
+FLUSH_RETRIES = Counter(
+    "gateway_flush_retries",
+    "Flush attempts that failed transiently and were rescheduled",
+    registry=REGISTRY,
+)
+FLUSH_THROTTLES = Counter(
+    "gateway_flush_throttles",
+    "Flush attempts answered 503 SlowDown (or another throttle) by the upstream, by lane",
+    ["bucket", "lane"],
+    registry=REGISTRY,
+)
+FLUSH_FAILURES = Counter(
+    "gateway_flush_failures", "Flushes that failed permanently (state failed)", registry=REGISTRY
+)
+UPSTREAM_REQUESTS = Counter(
+    "gateway_upstream_requests",
+    "Requests sent to the upstream bucket, by S3 operation and HTTP status",
+    ["operation", "status"],
+    registry=REGISTRY,
+)
+LANE_RATE = Gauge(
+    "gateway_lane_rate_limit_per_second",
+    "Current adaptive request-rate limit of each prefix lane",
+    ["bucket", "lane"],
+    registry=REGISTRY,
+)
+LANE_PENDING_OBJECTS = Gauge(
+    "gateway_lane_pending_objects",
+    "Unflushed objects per prefix lane",
+    ["bucket", "lane"],
+    registry=REGISTRY,
+)
+LANE_PENDING_BYTES = Gauge(
+    "gateway_lane_pending_bytes",
+    "Unflushed bytes per prefix lane",
+    ["bucket", "lane"],
+    registry=REGISTRY,
+)
+PENDING_OBJECTS = Gauge(
+    "gateway_pending_objects", "Acknowledged objects not yet durable upstream", registry=REGISTRY
+)
+PENDING_BYTES = Gauge(
+    "gateway_pending_bytes", "Acknowledged bytes not yet durable upstream", registry=REGISTRY
+)
+FAILED_OBJECTS = Gauge(
+    "gateway_failed_objects", "Objects whose flush failed permanently", registry=REGISTRY
+)
+RECOVERY_POINT_S = Gauge(
+    "gateway_oldest_unflushed_seconds",
+    "Recovery point: age of the oldest acknowledged write not yet durable upstream",
+    registry=REGISTRY,
+)
+FLUSHED_OBJECTS = Gauge(
+    "gateway_flushed_objects",
+    "Objects made durable upstream since the data directory was created (kept in the journal)",
+    registry=REGISTRY,
+)
+FLUSHED_BYTES = Gauge(
+    "gateway_flushed_bytes",
+    "Bytes made durable upstream since the data directory was created (kept in the journal)",
+    registry=REGISTRY,
+)
+CACHE_USED_BYTES = Gauge(
+    "gateway_cache_used_bytes", "Bytes of object bodies on local disk", registry=REGISTRY
+)
