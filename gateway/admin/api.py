@@ -183,6 +183,14 @@ async def metrics(request: web.Request) -> web.Response:
     gm.CACHE_USED_BYTES.set(stats.cached_bytes)
     oldest = backlog.oldest_acked_s
     gm.RECOVERY_POINT_S.set(0.0 if oldest is None else max(0.0, svc.clock.wall() - oldest))
+    # Lanes come and go: rebuild their series so a finished lane does not linger.
+    for gauge in (gm.LANE_RATE, gm.LANE_PENDING_OBJECTS, gm.LANE_PENDING_BYTES):
+        gauge.clear()
+    for lane in await lane_figures(svc):
+        labels = (lane["bucket"], lane["prefix"])
+        gm.LANE_RATE.labels(*labels).set(lane["rate_limit_per_s"])
+        gm.LANE_PENDING_OBJECTS.labels(*labels).set(lane["pending_objects"])
+        gm.LANE_PENDING_BYTES.labels(*labels).set(lane["pending_bytes"])
     # Text format 0.0.4 unless the scraper asks for OpenMetrics (or text 1.0.0).
     encode, content_type = choose_encoder(request.headers.get("Accept", ""))
     return web.Response(body=encode(gm.REGISTRY), headers={"Content-Type": content_type})
