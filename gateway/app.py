@@ -194,14 +194,17 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         settings.shutdown_drain_timeout_s,
     )
     admin.is_ready = False
+    # The S3 listener stays up while draining: reads keep working and new writes get
+    # 503 SlowDown (retryable: a client retries against the next gateway or after restart)
+    # rather than a refused connection.
     s3.is_accepting_writes = False
-    await s3_runner.cleanup()
     started = clock.monotonic()
     if not flusher.is_paused:
         await journal.wait_flushed(None, "", journal.last_seq, settings.shutdown_drain_timeout_s)
     left_s = settings.shutdown_drain_timeout_s - (clock.monotonic() - started)
     await flusher.stop(max(0.0, left_s))
     await flusher_task
+    await s3_runner.cleanup()  # waits for requests in flight (writes admitted before)
     objects, size = await journal.unflushed(None, "", journal.last_seq)
     if objects:
         log.warning(
