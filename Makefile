@@ -27,6 +27,7 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python loadtest/ack_latency.py
+	$(BIN)/python loadtest/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) gateway-data .pytest_cache .mypy_cache .ruff_cache

@@ -112,7 +112,7 @@ class Flusher:
         return not self._resumed.is_set()
 
     def lane_status(self) -> list[LaneStatus]:
-        return self.lanes.status(self._clock.wall())
+        return self.lanes.status(self._clock.monotonic())
 
     def status(self) -> FlusherStatus:
         state = "stopped" if self._stopping else ("paused" if self.is_paused else "running")
@@ -152,7 +152,9 @@ class Flusher:
                 continue
             self._journal.pending_event.clear()
             claimed = await self._journal.claim(
-                self._concurrency - len(self._tasks), self._clock.wall(), self.policy.round()
+                self._concurrency - len(self._tasks),
+                self._clock.wall(),
+                self.policy.round(self._clock.monotonic()),
             )
             if self._stopping or self.is_paused:
                 await self._journal.release(claimed.objects)
@@ -186,7 +188,7 @@ class Flusher:
     def _spawn(self, obj: LocalObject) -> None:
         ident = (obj.meta.bucket, obj.meta.key)
         previous = self._by_key.get(ident)
-        lane = self.lanes.lane_for(obj.meta.bucket, obj.meta.key, self._clock.wall())
+        lane = self.lanes.lane_for(obj.meta.bucket, obj.meta.key, self._clock.monotonic())
         lane.in_flight += 1
         task = asyncio.create_task(
             self._flush_one(obj, lane, previous), name=f"flush {obj.meta.key}"
@@ -224,7 +226,7 @@ class Flusher:
             log.exception("unexpected error flushing %s/%s", obj.meta.bucket, obj.meta.key)
             await self._on_failure(obj, lane, Retryable(f"unexpected {type(exc).__name__}: {exc}"))
             return
-        lane.on_success(self._clock.wall())
+        lane.on_success(self._clock.monotonic())
         self._uploads_ok += 1
         if await self._journal.mark_durable(obj):
             metrics.FLUSH_OBJECTS.inc()
@@ -233,7 +235,7 @@ class Flusher:
 
     async def _admit(self, lane: Lane, requests: int, size_bytes: int) -> None:
         """Wait for tokens: the global buckets and the lane's (requests and bytes)."""
-        now_s = self._clock.wall()
+        now_s = self._clock.monotonic()
         wait_s = max(
             self._requests.reserve(requests, now_s),
             self._bandwidth.reserve(size_bytes, now_s),
@@ -301,7 +303,7 @@ class Flusher:
         if isinstance(exc, Throttled):
             self._throttles += 1
             metrics.FLUSH_THROTTLES.labels(lane.bucket, lane.prefix).inc()
-            lane.on_throttle(self._clock.wall(), exc.retry_after_s)
+            lane.on_throttle(self._clock.monotonic(), exc.retry_after_s)
         delay = self._backoff.delay_s(obj.attempts, exc.retry_after_s)
         log.warning(
             "flush of %s/%s failed (try %d), retrying in %.2fs: %s",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from gateway.flush.ratelimit import AimdRate, TokenBucket
 
 _MAX_IDLE_LANES = 4096  # idle lanes are forgotten beyond this (a new step makes new lanes)
+_THROTTLE_MEMORY_S = 300.0  # a throttled lane's state is kept at least this long
 
 
 def lane_prefix(key: str, depth: int) -> str:
@@ -76,14 +77,20 @@ class Lane:
             self.requests.reserve(requests, now_s), self.bandwidth.reserve(size_bytes, now_s)
         )
 
+    def _apply_rate(self, now_s: float) -> None:
+        # The burst follows the rate (one second's worth): a lane cut to 5/s must not
+        # spend thousands of tokens banked at its old rate, or the cut would not bite.
+        rate = self.rate.rate_per_s
+        self.requests.set_rate(rate, now_s, burst=max(1.0, rate))
+
     def on_success(self, now_s: float) -> None:
         self.rate.on_success(now_s)
-        self.requests.set_rate(self.rate.rate_per_s, now_s)
+        self._apply_rate(now_s)
 
     def on_throttle(self, now_s: float, retry_after_s: float | None) -> None:
         self.throttles += 1
         if self.rate.on_throttle(now_s):
-            self.requests.set_rate(self.rate.rate_per_s, now_s)
+            self._apply_rate(now_s)
         if retry_after_s:
             self.paused_until_s = max(self.paused_until_s, now_s + retry_after_s)
 
@@ -113,7 +120,7 @@ class Lanes:
         lane = self._lanes.get(ident)
         if lane is None:
             if len(self._lanes) >= _MAX_IDLE_LANES:
-                self._forget_idle()
+                self._forget_idle(now_s)
             lane = self._lanes[ident] = Lane(bucket, ident[1], self.config, now_s)
         return lane
 
@@ -121,10 +128,23 @@ class Lanes:
         """The lane of a key if it exists (no side effects: safe from the journal thread)."""
         return self._lanes.get((bucket, self.prefix_of(key)))
 
-    def _forget_idle(self) -> None:
-        for ident, lane in list(self._lanes.items()):
-            if lane.in_flight == 0:
-                del self._lanes[ident]
+    def _forget_idle(self, now_s: float) -> None:
+        """Forget the least recently used idle lanes, down to half the cap. A lane paused by
+        Retry-After, or cut below its ceiling within the last minutes, keeps its state."""
+
+        def forgettable(lane: Lane) -> bool:
+            recovered = lane.rate.rate_per_s >= lane.rate.ceiling_per_s
+            return (
+                lane.in_flight == 0
+                and lane.paused_until_s <= now_s
+                and (recovered or now_s - lane.last_used_s > _THROTTLE_MEMORY_S)
+            )
+
+        idle = sorted(
+            (lane.last_used_s, ident) for ident, lane in self._lanes.items() if forgettable(lane)
+        )
+        for _, ident in idle[: max(0, len(self._lanes) - _MAX_IDLE_LANES // 2)]:
+            del self._lanes[ident]
 
     def status(self, now_s: float) -> list[LaneStatus]:
         return [lane.status(now_s) for lane in self._lanes.values()]

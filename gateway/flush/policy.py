@@ -54,17 +54,19 @@ class FlushPolicy:
         name = _name(key)
         return any(fnmatch.fnmatchcase(name, p) for p in self.config.commit_markers)
 
-    def round(self) -> ClaimRound:
-        """A decider for one claim (it counts what it admits per lane)."""
-        return ClaimRound(self)
+    def round(self, monotonic_s: float) -> ClaimRound:
+        """A decider for one claim (it counts what it admits per lane). Lane state runs on
+        the monotonic clock, ack times on the wall clock: both are needed."""
+        return ClaimRound(self, monotonic_s)
 
 
 class ClaimRound:
     """One claim's decisions (``journal.ClaimPolicy``). Runs on the journal's writer
     thread, so it only reads lane state and keeps its own tally."""
 
-    def __init__(self, policy: FlushPolicy) -> None:
+    def __init__(self, policy: FlushPolicy, monotonic_s: float) -> None:
         self._policy = policy
+        self._monotonic_s = monotonic_s
         self._taken: dict[tuple[str, str], int] = {}
 
     def decide(self, entry: QueueEntry, now_s: float, view: QueueView) -> Verdict:
@@ -79,7 +81,7 @@ class ClaimRound:
         ident = (entry.bucket, policy.lanes.prefix_of(entry.key))
         lane = policy.lanes.peek(entry.bucket, entry.key)
         taken = self._taken.get(ident, 0)
-        if lane is not None and not lane.has_room(now_s, taken):
+        if lane is not None and not lane.has_room(self._monotonic_s, taken):
             return SKIP
         if taken >= policy.lanes.config.concurrency:
             return SKIP

@@ -34,10 +34,13 @@ class TokenBucket:
         self._tokens = min(self.burst, self._tokens + elapsed * self.rate_per_s)
         self._at_s = max(self._at_s, now_s)
 
-    def set_rate(self, rate_per_s: float, now_s: float) -> None:
-        """Change the rate from now on (tokens earned so far are kept)."""
+    def set_rate(self, rate_per_s: float, now_s: float, burst: float | None = None) -> None:
+        """Change the rate from now on; tokens earned so far are kept up to the (new) burst."""
         self._refill(now_s)
         self.rate_per_s = rate_per_s
+        if burst is not None:
+            self.burst = burst
+            self._tokens = min(self._tokens, burst)
 
     def reserve(self, n: float, now_s: float) -> float:
         """Take ``n`` tokens; seconds to wait before they are really there (0 if now)."""

@@ -425,15 +425,17 @@ class Journal:
             )
             claimed: list[LocalObject] = []
             for bucket, key, seq in chosen:
-                conn.execute(
-                    "UPDATE objects SET state = 'flushing' WHERE bucket = ? AND key = ? "
-                    "AND seq = ?",
-                    (bucket, key, seq),
-                )
-                row = self.current(conn, bucket, key)
+                row = self.current(conn, bucket, key)  # as it was: flushed_before before this
                 assert row is not None  # same transaction as the SELECT above
                 claimed.append(row)
-            return Claimed(claimed, wake_s)
+                # flushed_before: once a version is sent it may exist upstream, even if the
+                # attempt later fails or is interrupted (a timeout can hide a success).
+                conn.execute(
+                    "UPDATE objects SET state = 'flushing', flushed_before = 1 "
+                    "WHERE bucket = ? AND key = ? AND seq = ?",
+                    (bucket, key, seq),
+                )
+            return Claimed([_with_state(o, FlushState.FLUSHING) for o in claimed], wake_s)
 
         return await self._write(op)
 
