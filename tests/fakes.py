@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import time
 from collections import deque
@@ -23,7 +24,13 @@ from typing import BinaryIO
 from gateway.errors import InvalidPartNumber, NoSuchBucket, NoSuchKey
 from gateway.models import BucketInfo, ListEntry, ObjectMeta
 from gateway.upstream.classify import Fatal
-from gateway.upstream.client import PartSource, UploadTracker, UpstreamHead, UpstreamObject
+from gateway.upstream.client import (
+    PartSource,
+    RequestRunner,
+    UploadTracker,
+    UpstreamHead,
+    UpstreamObject,
+)
 
 # One request: (operation, bucket, key); key is "" for bucket-level calls.
 Request = tuple[str, str, str]
@@ -50,6 +57,11 @@ class _Body:
 
     def close(self) -> None:
         self.closed = True
+
+
+async def _read_part(part: PartSource) -> bytes:
+    part.body.seek(0)
+    return part.body.read()
 
 
 class FakeUpstream:
@@ -135,11 +147,20 @@ class FakeUpstream:
         return True
 
     async def put_multipart(
-        self, meta: ObjectMeta, parts: Sequence[PartSource], track: UploadTracker | None = None
+        self,
+        meta: ObjectMeta,
+        parts: Sequence[PartSource],
+        track: UploadTracker | None = None,
+        run: RequestRunner | None = None,
     ) -> str:
         """Parts are checked against their MD5 (BadDigest is Fatal); the ETag is S3's
         multipart ETag: md5 of the parts' binary MD5s, then ``-<number of parts>``."""
-        pieces = [p.body.read() for p in parts]
+        pieces = [
+            await run(p.size_bytes, functools.partial(_read_part, p))
+            if run is not None
+            else p.body.read()
+            for p in parts
+        ]
         bad = None
         for number, (piece, part) in enumerate(zip(pieces, parts, strict=True), 1):
             if len(piece) != part.size_bytes or hashlib.md5(piece).hexdigest() != part.md5_hex:

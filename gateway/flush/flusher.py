@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
@@ -37,6 +39,9 @@ from gateway.upstream.client import PartSource, Upstream
 
 log = logging.getLogger(__name__)
 _IDLE_POLL_S = 1.0  # re-check for rows whose backoff has expired
+_REQUEST_TRIES = 8  # tries of one part (or completion) before the whole upload is retried
+_SWEEP_INTERVAL_S = 60.0  # how often recorded, no longer open upstream uploads are aborted
+T = TypeVar("T")
 
 
 class _Superseded(Exception):
@@ -88,6 +93,8 @@ class Flusher:
             bandwidth_bytes_per_s, float(bandwidth_burst_bytes or bandwidth_bytes_per_s), now_s
         )
         self._multipart_threshold_bytes = multipart_threshold_bytes
+        self._open_uploads: set[str] = set()
+        self._last_sweep_s = now_s
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._stopping = False
@@ -161,6 +168,8 @@ class Flusher:
                 continue
             for obj in claimed.objects:
                 self._spawn(obj)
+            if self._clock.monotonic() - self._last_sweep_s > _SWEEP_INTERVAL_S:
+                await self._abort_abandoned_uploads()
             if not claimed.objects:
                 await self._idle(claimed.wake_s)
 
@@ -177,10 +186,13 @@ class Flusher:
             await asyncio.wait_for(self._journal.pending_event.wait(), wait_s)
 
     async def _abort_abandoned_uploads(self) -> None:
-        """Abort upstream multipart uploads a previous run left behind (crash): they would
-        otherwise accrue storage cost forever. Kept for the next start if the upstream
-        cannot be reached now."""
+        """Abort recorded upstream multipart uploads that no upload task has open: left by
+        a crash, or by an abort that failed (the upstream was throttling or away). They
+        would otherwise accrue storage cost forever; kept for the next sweep on failure."""
+        self._last_sweep_s = self._clock.monotonic()
         for upload_id, bucket, key in await self._journal.upstream_uploads():
+            if upload_id in self._open_uploads:
+                continue
             if await self._upstream.abort_multipart(bucket, key, upload_id):
                 log.info("aborted abandoned upstream upload %s of %s/%s", upload_id, bucket, key)
                 await self._journal.forget_upstream_upload(upload_id)
@@ -275,20 +287,52 @@ class Flusher:
                 etag = await self._upstream.put_object(obj.meta, opened[0])
                 _check_etag(etag, obj.meta.etag)
                 return
-            await self._admit(lane, len(sources) + 2, obj.meta.size_bytes)
-            etag = await self._upstream.put_multipart(obj.meta, sources, self._track_upload)
+            await self._admit(lane, 1, 0)  # CreateMultipartUpload; each part paces itself
+
+            async def run(size_bytes: int, send: Callable[[], Awaitable[T]]) -> T:
+                return await self._send_request(lane, size_bytes, send)
+
+            etag = await self._upstream.put_multipart(obj.meta, sources, self._track_upload, run)
         _check_etag(etag, expected)
+
+    async def _send_request(
+        self, lane: Lane, size_bytes: int, send: Callable[[], Awaitable[T]]
+    ) -> T:
+        """One request of a multipart upload: tokens first, then up to ``_REQUEST_TRIES``
+        tries with backoff on throttles and transient errors, so one 503 costs one retried
+        part rather than a restarted upload."""
+        for attempt in range(_REQUEST_TRIES):
+            await self._admit(lane, 1, size_bytes)
+            try:
+                return await send()
+            except (Throttled, Retryable) as exc:
+                self._note_transient(lane, exc)
+                if attempt + 1 == _REQUEST_TRIES:
+                    raise
+                await asyncio.sleep(self._backoff.delay_s(attempt, exc.retry_after_s))
+        raise AssertionError("unreachable")
 
     async def _track_upload(self, upload_id: str, bucket: str, key: str, done: bool) -> None:
         """Record an upstream multipart upload while it is open (see recovery in run)."""
         if done:
+            self._open_uploads.discard(upload_id)
             await self._journal.forget_upstream_upload(upload_id)
         else:
+            self._open_uploads.add(upload_id)
             await self._journal.record_upstream_upload(upload_id, bucket, key, self._clock.wall())
 
     async def _is_superseded(self, obj: LocalObject) -> bool:
         current = await self._journal.get(obj.meta.bucket, obj.meta.key)
         return current is None or current.seq != obj.seq
+
+    def _note_transient(self, lane: Lane, exc: FlushError) -> None:
+        """Count a transient failure; a throttle also cuts (or pauses) the lane."""
+        self._retries += 1
+        metrics.FLUSH_RETRIES.inc()
+        if isinstance(exc, Throttled):
+            self._throttles += 1
+            metrics.FLUSH_THROTTLES.labels(lane.bucket, lane.prefix).inc()
+            lane.on_throttle(self._clock.monotonic(), exc.retry_after_s)
 
     async def _on_failure(self, obj: LocalObject, lane: Lane, exc: FlushError) -> None:
         self._last_error = f"{obj.meta.bucket}/{obj.meta.key}: {exc}"
@@ -298,12 +342,7 @@ class Flusher:
             log.error("flush of %s/%s failed permanently: %s", obj.meta.bucket, obj.meta.key, exc)
             await self._journal.mark_failed(obj, str(exc))
             return
-        self._retries += 1
-        metrics.FLUSH_RETRIES.inc()
-        if isinstance(exc, Throttled):
-            self._throttles += 1
-            metrics.FLUSH_THROTTLES.labels(lane.bucket, lane.prefix).inc()
-            lane.on_throttle(self._clock.monotonic(), exc.retry_after_s)
+        self._note_transient(lane, exc)
         delay = self._backoff.delay_s(obj.attempts, exc.retry_after_s)
         log.warning(
             "flush of %s/%s failed (try %d), retrying in %.2fs: %s",

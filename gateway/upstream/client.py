@@ -24,7 +24,7 @@ from botocore.exceptions import ClientError
 from gateway.errors import NoSuchBucket, S3Error
 from gateway.metrics import UPSTREAM_REQUESTS
 from gateway.models import BucketInfo, ListEntry, ObjectMeta
-from gateway.upstream.classify import for_client, for_flush
+from gateway.upstream.classify import FlushError, for_client, for_flush
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -95,6 +95,19 @@ class PartSource:
 UploadTracker = Callable[[str, str, str, bool], Awaitable[None]]
 
 
+class RequestRunner(Protocol):
+    """Sends one request of a multipart upload (a part, the completion): the caller's hook
+    for pacing (tokens) and for retrying that request alone on a throttle or a transient
+    error, so one 503 does not restart an upload of thousands of parts. ``send`` raises
+    only ``FlushError`` and may be called again (the part body is rewound each time)."""
+
+    def __call__(self, size_bytes: int, send: Callable[[], Awaitable[T]]) -> Awaitable[T]: ...
+
+
+async def _send_once(size_bytes: int, send: Callable[[], Awaitable[T]]) -> T:
+    return await send()
+
+
 class Upstream(Protocol):
     """The real bucket.
 
@@ -106,7 +119,11 @@ class Upstream(Protocol):
     async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str: ...
 
     async def put_multipart(
-        self, meta: ObjectMeta, parts: Sequence[PartSource], track: UploadTracker | None = None
+        self,
+        meta: ObjectMeta,
+        parts: Sequence[PartSource],
+        track: UploadTracker | None = None,
+        run: RequestRunner | None = None,
     ) -> str: ...
 
     async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool: ...
@@ -221,12 +238,18 @@ class AiobotocoreUpstream:
         return str(resp.get("ETag", "")).strip('"')
 
     async def put_multipart(
-        self, meta: ObjectMeta, parts: Sequence[PartSource], track: UploadTracker | None = None
+        self,
+        meta: ObjectMeta,
+        parts: Sequence[PartSource],
+        track: UploadTracker | None = None,
+        run: RequestRunner | None = None,
     ) -> str:
         """Upload as multipart with exactly these part boundaries (so the ETag matches);
-        parts go in parallel. Any failure aborts the upstream upload: nothing accrues cost.
-        ``track`` records the upload while it is open, so a crash cannot abandon it."""
+        parts go in parallel, each request through ``run``. A failure that ``run`` gives up
+        on aborts the upstream upload: nothing accrues cost. ``track`` records the upload
+        while it is open, so a crash cannot abandon it."""
         bucket, key = meta.bucket, meta.key
+        runner: RequestRunner = run or _send_once
         try:
             created = await self._client.create_multipart_upload(**_object_params(meta))
         except Exception as exc:
@@ -237,9 +260,10 @@ class AiobotocoreUpstream:
                 await track(upload_id, bucket, key, False)
             limit = asyncio.Semaphore(self._part_concurrency)
 
-            async def send(number: int, part: PartSource) -> dict[str, Any]:
-                async with limit:
-                    resp = await self._client.upload_part(
+            async def upload_part(number: int, part: PartSource) -> dict[str, Any]:
+                part.body.seek(0)
+                return await _flush_call(
+                    self._client.upload_part(
                         Bucket=bucket,
                         Key=key,
                         UploadId=upload_id,
@@ -248,15 +272,23 @@ class AiobotocoreUpstream:
                         ContentLength=part.size_bytes,
                         ContentMD5=_b64_md5(part.md5_hex),
                     )
+                )
+
+            async def send(number: int, part: PartSource) -> dict[str, Any]:
+                async with limit:
+                    resp = await runner(part.size_bytes, lambda: upload_part(number, part))
                 return {"PartNumber": number, "ETag": resp["ETag"]}
 
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(send(i, p)) for i, p in enumerate(parts, 1)]
-            resp = await self._client.complete_multipart_upload(
-                Bucket=bucket,
-                Key=key,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": [t.result() for t in tasks]},
+            done = {"Parts": [t.result() for t in tasks]}
+            resp = await runner(
+                0,
+                lambda: _flush_call(
+                    self._client.complete_multipart_upload(
+                        Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload=done
+                    )
+                ),
             )
         except BaseException as exc:
             aborted = await asyncio.shield(self.abort_multipart(bucket, key, upload_id))
@@ -264,6 +296,8 @@ class AiobotocoreUpstream:
                 await asyncio.shield(track(upload_id, bucket, key, True))
             if isinstance(exc, BaseExceptionGroup):
                 exc = exc.exceptions[0]
+            if isinstance(exc, FlushError):
+                raise exc from None
             if isinstance(exc, Exception):
                 raise for_flush(exc) from exc
             raise
@@ -411,6 +445,14 @@ def _checksum_params(meta: ObjectMeta) -> dict[str, str]:
         if value:
             return {param: value}
     return {}
+
+
+async def _flush_call(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """Await an SDK write call; failures classified for the flusher (``FlushError``)."""
+    try:
+        return await call
+    except Exception as exc:
+        raise for_flush(exc) from exc
 
 
 def _b64_md5(md5_hex: str) -> str:
