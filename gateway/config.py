@@ -111,7 +111,7 @@ class Settings:
     lane_rate: float = 3500.0
     lane_bandwidth_bytes: int = 0
     # Lowest rate a lane is cut to (requests/s).
-    lane_min_rate: float = 1.0
+    lane_min_rate: float = 0.1
     # Uploads in flight at once in one lane.
     lane_concurrency: int = 8
     # Write-back delay: an object becomes eligible this long after its ack, so an overwrite,

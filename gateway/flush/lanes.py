@@ -32,7 +32,7 @@ def lane_prefix(key: str, depth: int) -> str:
 class LaneConfig:
     depth: int = 3
     rate_per_s: float = 3500.0  # ceiling of the adaptive rate; S3's per-prefix write limit
-    min_rate_per_s: float = 1.0
+    min_rate_per_s: float = 0.1
     bandwidth_bytes_per_s: int = 0  # 0: unlimited
     concurrency: int = 8
 
