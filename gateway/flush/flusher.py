@@ -246,15 +246,21 @@ class Flusher:
         log.debug("flushed %s/%s seq=%d", obj.meta.bucket, obj.meta.key, obj.seq)
 
     async def _admit(self, lane: Lane, requests: int, size_bytes: int) -> None:
-        """Wait for tokens: the global buckets and the lane's (requests and bytes)."""
-        now_s = self._clock.monotonic()
-        wait_s = max(
-            self._requests.reserve(requests, now_s),
-            self._bandwidth.reserve(size_bytes, now_s),
-            lane.reserve(requests, size_bytes, now_s),
-        )
-        if wait_s > 0:
-            await asyncio.sleep(wait_s)
+        """Wait for tokens: the global buckets and the lane's (requests and bytes). A wait
+        timed before the lane's rate was cut is taken again at the new rate, so a cut
+        slows the requests already queued, not only later ones."""
+        while True:
+            cuts = lane.cuts
+            now_s = self._clock.monotonic()
+            wait_s = max(
+                self._requests.reserve(requests, now_s),
+                self._bandwidth.reserve(size_bytes, now_s),
+                lane.reserve(requests, size_bytes, now_s),
+            )
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            if lane.cuts == cuts:
+                return
 
     async def _upload(self, obj: LocalObject, lane: Lane) -> None:
         if obj.is_delete:

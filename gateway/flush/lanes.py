@@ -61,6 +61,7 @@ class Lane:
         self.concurrency = config.concurrency
         self.in_flight = 0
         self.throttles = 0
+        self.cuts = 0  # rate cuts so far: a request timed before a cut is re-timed
         self.paused_until_s = 0.0
         self.last_used_s = now_s
 
@@ -71,11 +72,12 @@ class Lane:
     def reserve(self, requests: int, size_bytes: int, now_s: float) -> float:
         """Take tokens for an upload; seconds to wait before sending it."""
         self.last_used_s = now_s
-        for _ in range(requests):
-            self.rate.on_send(now_s)
-        return max(
+        wait_s = max(
             self.requests.reserve(requests, now_s), self.bandwidth.reserve(size_bytes, now_s)
         )
+        for _ in range(requests):  # counted when they will leave, not while they queue
+            self.rate.on_send(now_s + wait_s)
+        return wait_s
 
     def _apply_rate(self, now_s: float) -> None:
         # The burst follows the rate (one second's worth): a lane cut to 5/s must not
@@ -90,6 +92,7 @@ class Lane:
     def on_throttle(self, now_s: float, retry_after_s: float | None) -> None:
         self.throttles += 1
         if self.rate.on_throttle(now_s):
+            self.cuts += 1
             self._apply_rate(now_s)
         if retry_after_s:
             self.paused_until_s = max(self.paused_until_s, now_s + retry_after_s)

@@ -87,8 +87,9 @@ class AimdRate:
         self._trim(now_s)
 
     def sent_rate_per_s(self, now_s: float) -> float:
+        """Requests sent within the last window (a send scheduled later is not counted)."""
         self._trim(now_s)
-        return len(self._sent) / self._window_s
+        return sum(1 for t in self._sent if t <= now_s) / self._window_s
 
     def _trim(self, now_s: float) -> None:
         while self._sent and self._sent[0] < now_s - self._window_s:
