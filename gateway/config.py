@@ -138,6 +138,13 @@ class Settings:
     demo_bucket: str = "demo"
     log_level: str = "info"
 
+    # --- logs (issue 6) ---
+    # text: one human line per record; json: one JSON object per line (log shippers).
+    log_format: str = "text"
+    # One line per S3 request (Combined log format + request id, operation, bytes, duration)
+    # on the ``gateway.access`` logger; signatures and credentials are never in it.
+    access_log: bool = True
+
     @property
     def fsync(self) -> bool:
         return self.durability == "fsync"
@@ -184,6 +191,9 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "tls_key": (Path, "PEM private key for --tls-cert"),
     "demo_bucket": (str, "bucket created in the embedded demo upstream"),
     "log_level": (_choice("debug", "info", "warning", "error"), "log level"),
+    # --- logs (issue 6) ---
+    "log_format": (_choice("text", "json"), "log format: text or json (one object a line)"),
+    "access_log": (_bool, "log one line per S3 request (true/false)"),
 }
 
 
