@@ -40,9 +40,20 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
     except web.HTTPException as exc:
         _log(request, exc.status, 0, started, request.loop.time() - loop_started_s)
         raise
-    sent = response.body_length or getattr(response, "content_length", None) or 0
-    _log(request, response.status, sent, started, request.loop.time() - loop_started_s)
+    took_s = request.loop.time() - loop_started_s
+    _log(request, response.status, _body_bytes(request, response), started, took_s)
     return response
+
+
+def _body_bytes(request: web.Request, response: web.StreamResponse) -> int:
+    """Response body bytes, as CLF's ``%b`` means them: the Content-Length when there is one
+    (aiohttp's ``body_length`` also counts the status line and headers), else what a
+    chunked response wrote; none for HEAD, 204 and 304."""
+    if request.method == "HEAD" or response.status in (204, 304):
+        return 0
+    if response.content_length is not None:
+        return response.content_length
+    return response.body_length
 
 
 def _log(

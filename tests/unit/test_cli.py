@@ -1,0 +1,131 @@
+"""gateway.cli: formatting of the status table and the drain progress (no gateway needed)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from gateway import cli
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (5 << 20, "5.0 MiB"), (3 << 40, "3.0 TiB")],
+)
+def test_human_bytes(n: int, text: str) -> None:
+    assert cli.human_bytes(n) == text
+
+
+@pytest.mark.parametrize(
+    ("s", "text"), [(None, "-"), (2.345, "2.3s"), (42, "42s"), (75, "1m15s"), (3725, "1h02m")]
+)
+def test_human_duration(s: float | None, text: str) -> None:
+    assert cli.human_duration(s) == text
+
+
+def _status(**over: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "pending_objects": 3,
+        "pending_bytes": 3 << 30,
+        "flushing_objects": 1,
+        "flushed_objects": 10,
+        "flushed_bytes": 2048,
+        "failed_objects": 2,
+        "oldest_pending_seconds": 75.0,
+        "flush_state": "running",
+        "cache_used_bytes": 1 << 30,
+        "cache_capacity_bytes": 4 << 30,
+        "throttled": 7,
+        "last_error": "b/k: AccessDenied",
+        "lanes": [
+            {
+                "bucket": "ckpts",
+                "prefix": "run1/step_9/rank_0/",
+                "pending_objects": 2,
+                "pending_bytes": 2 << 30,
+                "in_flight": 1,
+                "rate_limit_per_s": 875.5,
+                "throttled_503": 4,
+            },
+            {
+                "bucket": "ckpts",
+                "prefix": "",
+                "pending_objects": 1,
+                "pending_bytes": 1 << 30,
+                "in_flight": 0,
+                "rate_limit_per_s": 3500.0,
+                "throttled_503": 0,
+            },
+        ],
+    }
+    doc.update(over)
+    return doc
+
+
+def test_format_status_totals_and_lane_rows() -> None:
+    lines = cli.format_status(_status()).splitlines()
+    assert lines[:10] == [
+        "flush state     running",
+        "pending         3 objects, 3.0 GiB",
+        "flushing        1 objects",
+        "flushed         10 objects, 2.0 KiB",
+        "failed          2 objects",
+        "oldest pending  1m15s",
+        "cache           1.0 GiB of 4.0 GiB (25%)",
+        "503 throttles   7",
+        "last error      b/k: AccessDenied",
+        "",
+    ]
+    assert [line.split() for line in lines[11:]] == [
+        ["ckpts", "run1/step_9/rank_0/", "2", "2.0", "GiB", "1", "875.5", "4"],
+        ["ckpts", "/", "1", "1.0", "GiB", "0", "3500", "0"],
+    ]
+    # Numbers are right-aligned under their header.
+    header, row = lines[10], lines[11]
+    assert header.index("bytes") + len("bytes") == row.index("GiB") + len("GiB")
+
+
+def test_format_status_without_lanes() -> None:
+    text = cli.format_status(_status(lanes=[], oldest_pending_seconds=None, last_error=None))
+    assert "oldest pending  -\n" in text
+    assert "last error" not in text
+    assert text.endswith("no lane has anything pending\n")
+
+
+def test_drain_progress_rate_and_eta() -> None:
+    p = cli.DrainProgress(started_s=0.0)
+    p.update(0.0, 1000 << 20)
+    assert p.eta_s() is None  # no rate yet
+    assert "0% 1000.0 MiB left in 4 objects, -, ETA -" in p.line(4)
+    p.update(2.0, 800 << 20)  # 100 MiB/s
+    assert p.rate_bytes_per_s == 100 << 20
+    assert p.eta_s() == pytest.approx(8.0)
+    p.update(4.0, 800 << 20)  # stalled: the average decays, not to zero at once
+    assert p.rate_bytes_per_s == pytest.approx(0.7 * (100 << 20))
+    line = p.line(3, "flusher paused")
+    assert line.startswith("[" + "#" * 6 + "-" * 24 + "]  20% 800.0 MiB left in 3 objects")
+    assert line.endswith("70.0 MiB/s, ETA 11s (flusher paused)")
+    p.update(5.0, 0)
+    assert p.eta_s() == 0.0
+    assert p.line(0).startswith("[" + "#" * 30 + "] 100% 0 B left")
+
+
+def test_progress_sink_plain_lines_are_periodic() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    sink = cli.ProgressSink(out, "auto", lambda: now[0])  # StringIO is not a TTY
+    assert sink.mode == "plain"
+    for t in (0.0, 1.0, 9.0, 10.0, 12.0):
+        now[0] = t
+        sink.show(f"at {t}")
+    sink.show("done", final=True)
+    assert out.getvalue().splitlines() == ["at 0.0", "at 10.0", "done"]
+
+
+def test_progress_sink_bar_redraws_in_place() -> None:
+    out = io.StringIO()
+    sink = cli.ProgressSink(out, "bar", lambda: 0.0)
+    sink.show("one")
+    sink.show("two", final=True)
+    assert out.getvalue() == "\r\x1b[2Kone\r\x1b[2Ktwo\n"
