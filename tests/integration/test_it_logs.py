@@ -37,7 +37,7 @@ def _gateway_lines(gw: Any) -> list[str]:
 
 def test_json_logs_carry_access_records_without_secrets(gateway_factory: Any, bucket: str) -> None:
     gw = gateway_factory(extra_args=["--log-format", "json"])
-    body, url, signature = _exercise(gw, bucket)
+    body, _, signature = _exercise(gw, bucket)
     gw.stop()
     records = [json.loads(line) for line in _gateway_lines(gw)]  # every line is JSON
     access = [r["access"] for r in records if r["logger"] == "gateway.access"]
