@@ -40,13 +40,16 @@ def add_arguments(sub: Any) -> None:
     """Register ``status`` and ``drain`` on an argparse sub-parsers object."""
     admin_help = f"admin URL [env GATEWAY_ADMIN, default {DEFAULT_ADMIN}]"
     token_help = "bearer token for the admin API [env GATEWAY_ADMIN_TOKEN]"
+    file_help = "file holding that token [env GATEWAY_ADMIN_TOKEN_FILE]"
     status = sub.add_parser("status", help="print the drain status as a table")
     status.add_argument("--admin", default=None, help=admin_help)
     status.add_argument("--admin-token", default=None, help=token_help)
+    status.add_argument("--admin-token-file", default=None, help=file_help)
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     drain = sub.add_parser("drain", help="wait until acknowledged writes are durable upstream")
     drain.add_argument("--admin", default=None, help=admin_help)
     drain.add_argument("--admin-token", default=None, help=token_help)
+    drain.add_argument("--admin-token-file", default=None, help=file_help)
     drain.add_argument("--bucket", default=None)
     drain.add_argument("--prefix", default="")
     drain.add_argument("--wait", action="store_true", help="block until drained or timeout")
@@ -71,8 +74,21 @@ class AdminClient:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AdminClient:
+        """Flags beat env: ``--admin``/``GATEWAY_ADMIN``; the token from ``--admin-token``,
+        ``--admin-token-file``, ``GATEWAY_ADMIN_TOKEN``, ``GATEWAY_ADMIN_TOKEN_FILE`` (the
+        first one set). Raises AdminError when the token file cannot be read."""
         url = args.admin or os.environ.get("GATEWAY_ADMIN") or DEFAULT_ADMIN
-        token = getattr(args, "admin_token", None) or os.environ.get("GATEWAY_ADMIN_TOKEN")
+        token = getattr(args, "admin_token", None)
+        token_file = getattr(args, "admin_token_file", None)
+        if not token and not token_file:
+            token = os.environ.get("GATEWAY_ADMIN_TOKEN")
+            token_file = os.environ.get("GATEWAY_ADMIN_TOKEN_FILE")
+        if not token and token_file:
+            try:
+                with open(token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            except OSError as exc:
+                raise AdminError(f"admin token file: {exc}") from exc
         return cls(url.rstrip("/"), token or None)
 
     def get(self, path: str, query: dict[str, str] | None = None, timeout_s: float = 10) -> Any:
@@ -270,7 +286,11 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
     poll is a new fence, so writes acknowledged while the drain runs are waited for too.
     The last drain answer is printed as one JSON line on stdout.
     """
-    admin = AdminClient.from_args(args)
+    try:
+        admin = AdminClient.from_args(args)
+    except AdminError as exc:
+        sys.stderr.write(f"gateway drain: {exc}\n")
+        return EXIT_UNREACHABLE
     sink = ProgressSink(sys.stderr, "none" if not args.wait else args.progress, clock)
     progress = DrainProgress(started_s=clock())
     deadline_s = progress.started_s + max(0.0, args.timeout)

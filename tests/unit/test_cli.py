@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import http.server
 import io
+import json
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +134,52 @@ def test_progress_sink_bar_redraws_in_place() -> None:
     sink.show("one")
     sink.show("two", final=True)
     assert out.getvalue() == "\r\x1b[2Kone\r\x1b[2Ktwo\n"
+
+
+def test_admin_token_from_flag_file_or_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    monkeypatch.delenv("GATEWAY_ADMIN_TOKEN", raising=False)
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN_FILE", str(token_file))
+    monkeypatch.setenv("GATEWAY_ADMIN", "http://10.0.0.1:9001/")
+
+    def args(**kw: object) -> argparse.Namespace:
+        base = {"admin": None, "admin_token": None, "admin_token_file": None}
+        return argparse.Namespace(**{**base, **kw})
+
+    assert cli.AdminClient.from_args(args()) == cli.AdminClient("http://10.0.0.1:9001", "from-file")
+    assert cli.AdminClient.from_args(args(admin_token="flag")).token == "flag"
+    monkeypatch.delenv("GATEWAY_ADMIN_TOKEN_FILE")
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", "from-env")
+    assert cli.AdminClient.from_args(args(admin="http://x:1")) == cli.AdminClient(
+        "http://x:1", "from-env"
+    )
+    with pytest.raises(cli.AdminError):
+        cli.AdminClient.from_args(args(admin_token_file=str(token_file) + ".missing"))
+
+
+def test_admin_client_sends_the_bearer_token() -> None:
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({"ok": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = cli.AdminClient(f"http://127.0.0.1:{server.server_port}", "s3cr3t")
+        assert client.get("/admin/v1/status") == {"ok": "/admin/v1/status"}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["Bearer s3cr3t"]
