@@ -154,8 +154,22 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), *(line(r) for r in rows)]
 
 
-def format_status(data: dict[str, Any]) -> str:
-    """The ``gateway status`` table: totals, then one row per lane."""
+def flush_rate(samples: list[dict[str, Any]], span_s: float = 60.0) -> float | None:
+    """Bytes/s flushed over the last ``span_s`` of ``/admin/v1/history`` samples (oldest
+    first); None with fewer than two samples in the span."""
+    if len(samples) < 2:
+        return None
+    last = samples[-1]
+    first = next((s for s in samples if last["t"] - s["t"] <= span_s), last)
+    elapsed = float(last["t"]) - float(first["t"])
+    if elapsed <= 0:
+        return None
+    return max(0.0, (int(last["flushed_bytes"]) - int(first["flushed_bytes"])) / elapsed)
+
+
+def format_status(data: dict[str, Any], rate_bytes_per_s: float | None = None) -> str:
+    """The ``gateway status`` table: totals (with the last minute's flush rate, when
+    known, and the ETA it gives), then one row per lane."""
     capacity = data.get("cache_capacity_bytes") or 0
     used = data.get("cache_used_bytes") or 0
     share = f" ({100 * used / capacity:.0f}%)" if capacity else ""
@@ -164,6 +178,7 @@ def format_status(data: dict[str, Any]) -> str:
         ("pending", f"{data['pending_objects']} objects, {human_bytes(data['pending_bytes'])}"),
         ("flushing", f"{data.get('flushing_objects', 0)} objects"),
         ("flushed", f"{data['flushed_objects']} objects, {human_bytes(data['flushed_bytes'])}"),
+        ("flush rate", _rate_text(rate_bytes_per_s, data["pending_bytes"])),
         ("failed", f"{data['failed_objects']} objects"),
         ("oldest pending", human_duration(data["oldest_pending_seconds"])),
         ("cache", f"{human_bytes(used)} of {human_bytes(capacity)}{share}"),
@@ -191,6 +206,15 @@ def format_status(data: dict[str, Any]) -> str:
     else:
         out += ["", "no lane has anything pending"]
     return "\n".join(out) + "\n"
+
+
+def _rate_text(rate_bytes_per_s: float | None, pending_bytes: int) -> str:
+    if rate_bytes_per_s is None:
+        return "-"
+    text = f"{human_bytes(rate_bytes_per_s)}/s over the last minute"
+    if pending_bytes and rate_bytes_per_s > 0:
+        text += f", ETA {human_duration(pending_bytes / rate_bytes_per_s)}"
+    return text
 
 
 # --------------------------------------------------------------------------- drain progress
@@ -270,11 +294,19 @@ class ProgressSink:
 def run_status(args: argparse.Namespace) -> int:
     """``gateway status``: the table (or ``--json``); 1 when the admin API is unreachable."""
     try:
-        data = AdminClient.from_args(args).status()
+        admin = AdminClient.from_args(args)
+        data = admin.status()
     except AdminError as exc:
         sys.stderr.write(f"gateway status: cannot reach the admin API: {exc}\n")
         return EXIT_UNREACHABLE
-    sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else format_status(data))
+    if args.json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return EXIT_OK
+    try:
+        rate = flush_rate(admin.get("/admin/v1/history")["samples"])
+    except (AdminError, KeyError, TypeError):
+        rate = None  # an older gateway without the history endpoint: no rate row value
+    sys.stdout.write(format_status(data, rate))
     return EXIT_OK
 
 

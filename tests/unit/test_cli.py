@@ -69,12 +69,13 @@ def _status(**over: object) -> dict[str, object]:
 
 
 def test_format_status_totals_and_lane_rows() -> None:
-    lines = cli.format_status(_status()).splitlines()
-    assert lines[:10] == [
+    lines = cli.format_status(_status(), rate_bytes_per_s=float(1 << 30)).splitlines()
+    assert lines[:11] == [
         "flush state     running",
         "pending         3 objects, 3.0 GiB",
         "flushing        1 objects",
         "flushed         10 objects, 2.0 KiB",
+        "flush rate      1.0 GiB/s over the last minute, ETA 3.0s",
         "failed          2 objects",
         "oldest pending  1m15s",
         "cache           1.0 GiB of 4.0 GiB (25%)",
@@ -82,17 +83,30 @@ def test_format_status_totals_and_lane_rows() -> None:
         "last error      b/k: AccessDenied",
         "",
     ]
-    assert [line.split() for line in lines[11:]] == [
+    assert [line.split() for line in lines[12:]] == [
         ["ckpts", "run1/step_9/rank_0/", "2", "2.0", "GiB", "1", "875.5", "4"],
         ["ckpts", "/", "1", "1.0", "GiB", "0", "3500", "0"],
     ]
     # Numbers are right-aligned under their header.
-    header, row = lines[10], lines[11]
+    header, row = lines[11], lines[12]
     assert header.index("bytes") + len("bytes") == row.index("GiB") + len("GiB")
+
+
+def test_flush_rate_over_the_last_minute() -> None:
+    samples = [
+        {"t": 1000.0, "flushed_bytes": 0},
+        {"t": 1030.0, "flushed_bytes": 100},  # outside the last 60 s of t=1100
+        {"t": 1050.0, "flushed_bytes": 1000},
+        {"t": 1100.0, "flushed_bytes": 6000},
+    ]
+    assert cli.flush_rate(samples) == pytest.approx(5000 / 50)
+    assert cli.flush_rate(samples, span_s=1000) == pytest.approx(60.0)
+    assert cli.flush_rate(samples[:1]) is None
 
 
 def test_format_status_without_lanes() -> None:
     text = cli.format_status(_status(lanes=[], oldest_pending_seconds=None, last_error=None))
+    assert "flush rate      -\n" in text
     assert "oldest pending  -\n" in text
     assert "last error" not in text
     assert text.endswith("no lane has anything pending\n")
