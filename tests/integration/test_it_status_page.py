@@ -182,3 +182,22 @@ def _unfilter(kind: int, line: bytearray, prev: bytearray, bpp: int) -> None:
             pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
             pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
             line[i] = (line[i] + pred) & 0xFF
+
+
+def test_status_page_shows_the_flush_rate_after_flushing(
+    busy_gateway: Any, bucket: str, tmp_path: Path
+) -> None:
+    gw = busy_gateway
+    gw.resume_flush()
+    gw.drained(bucket=bucket)
+    # Paused again: a SIGTERM drain would otherwise wait out its timeout for the failed one.
+    gw.pause_flush()
+    dom = _run_chromium(gw.admin + "/", tmp_path, "--dump-dom").stdout
+    assert _text_of(dom, "flushed-bytes") == "976.6 KiB"
+    assert _text_of(dom, "flushed-objects") == "2 objects"
+    assert _text_of(dom, "pending-objects") == "1 objects (0 flushing)"  # the failed one
+    assert _text_of(dom, "flush-state") == "flusher paused"
+    rate = _text_of(dom, "rate")
+    assert rate.endswith("/s") and not rate.startswith("0 B"), rate
+    # The chart's scale is the highest per-interval rate: non-zero once bytes flushed.
+    assert _text_of(dom, "chart-max") not in ("-", "1 B/s")
