@@ -23,7 +23,6 @@ from harness import (
 KiB = 1024
 
 
-@pytest.mark.xfail(strict=True, reason="issue 5: capacity watermarks and 503 backpressure")
 def test_capacity_backpressure(gateway_factory: Any, upstream: Any, bucket: str) -> None:
     gw = gateway_factory(extra_args=["--capacity", str(256 * KiB)])
     s3 = gw.client()
