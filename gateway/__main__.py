@@ -1,4 +1,4 @@
-"""Command line: ``gateway serve``, ``gateway status``, ``gateway drain``."""
+"""Command line: ``gateway serve``, ``status``, ``drain``, ``verify``."""
 
 from __future__ import annotations
 
@@ -36,7 +36,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     drain.add_argument("--prefix", default="")
     drain.add_argument("--wait", action="store_true", help="block until drained or timeout")
     drain.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (with --wait)")
+    verify = sub.add_parser("verify", help="re-hash local bodies against the journal (scrub)")
+    verify.add_argument("--data-dir", required=True, help="the gateway's data directory")
     args = parser.parse_args(argv)
+    if args.command == "verify":
+        from gateway.store.verify import run_cli
+
+        return run_cli(args.data_dir)
     if args.command == "serve":
         return _serve(args)
     if args.command == "status":
