@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 _EVICT_BATCH = 256
 _TICK_S = 5.0  # eviction check and access-time write-back without any other trigger
+_MIN_ROUND_GAP_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,13 +189,34 @@ class CacheSpace:
         self._wake.set()
 
     async def run(self) -> None:
-        """The evictor loop, until ``stop``. A failed round is logged and retried later."""
+        """The evictor loop, until ``stop``. A failed round is logged and retried later.
+
+        Woken by commits past the high watermark, by flush outcomes while above it (a flush
+        makes bytes evictable), by disk-full errors, and every few seconds; rounds are at
+        least ``_MIN_ROUND_GAP_S`` apart so a stream of flushes costs few snapshots."""
+        watcher = asyncio.create_task(self._watch_flushes(), name="evictor-watch")
+        try:
+            await self._loop()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch_flushes(self) -> None:
+        while True:
+            async with self._journal.changed:
+                await self._journal.changed.wait()
+            if self.estimated_used_bytes() > self.high_bytes:
+                self._wake.set()
+
+    async def _loop(self) -> None:
         while not self._is_stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), _TICK_S)
-            self._wake.clear()
             if self._is_stopping:
                 break
+            await asyncio.sleep(_MIN_ROUND_GAP_S)  # let a burst of triggers coalesce
+            self._wake.clear()
             try:
                 await self.write_back_access()
                 if self._is_disk_full:
