@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-
 from harness import (
     error_code,
     error_status,
