@@ -293,6 +293,10 @@ class Flusher:
                 await _require_md5(opened[0], obj.meta.etag)
                 sources, expected = await split_parts(opened[0], obj.meta.size_bytes)
             else:
+                # Content-MD5 lets S3 refuse a corrupt body, but not every S3-compatible
+                # upstream checks it (moto does not): a bad body MUST NOT become the
+                # bucket's latest version, so check before sending (usually page cache).
+                await _require_md5(opened[0], obj.meta.etag)
                 await self._admit(lane, 1, obj.meta.size_bytes)
                 etag = await self._upstream.put_object(obj.meta, opened[0])
                 _check_etag(etag, obj.meta.etag)
