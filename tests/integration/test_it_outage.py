@@ -1,4 +1,5 @@
-"""Upstream outage: the real bucket stops answering (connection refused) for a while.
+"""Upstream outage: the real bucket stops answering (connection refused) or answers 500s
+for a while.
 
 Writes keep being acknowledged up to the capacity (then 503 SlowDown, reads still served),
 status shows the backlog and the last error, and when the upstream returns on the same
@@ -7,12 +8,16 @@ object version in the upstream's request log, bytes and ETags as acknowledged.""
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 from botocore.exceptions import ClientError
 from harness import (
     REPO_ROOT,
@@ -108,4 +113,107 @@ def test_upstream_outage_acks_up_to_capacity_then_drains_exactly_once(tmp_path: 
         assert gw.status()["pending_objects"] == 0
     finally:
         gw.stop()
+        emu.stop()
+
+
+class FaultProxy:
+    """An HTTP proxy in front of the emulator that answers ``500 InternalError`` (S3 XML)
+    to everything while ``is_failing``, without forwarding: the upstream stores nothing."""
+
+    def __init__(self, target_url: str) -> None:
+        self.target_url = target_url
+        self.is_failing = False
+        self.failed_requests = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self.is_failing:
+            self.failed_requests += 1
+            body = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+            return web.Response(status=500, body=body, content_type="application/xml")
+        data = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        async with self._session.request(
+            request.method, self.target_url + request.path_qs, headers=headers, data=data
+        ) as resp:
+            payload_bytes = await resp.read()
+            out = {
+                k: v
+                for k, v in resp.headers.items()
+                if k.lower() not in ("transfer-encoding", "content-length", "connection")
+            }
+            return web.Response(status=resp.status, body=payload_bytes, headers=out)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        async def close() -> None:
+            await self._session.close()
+            if self._runner is not None:
+                await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def test_upstream_answering_500s_then_recovering_drains_exactly_once(tmp_path: Path) -> None:
+    emu = EmulatorThread(latency_ms=1, buckets=[BUCKET]).start()
+    proxy = FaultProxy(emu.url).start()
+    gw = GatewayProcess(
+        tmp_path / "data",
+        proxy.url,
+        extra_args=["--flush-retry-max", "0.5", "--write-back-delay", "0"],
+    )
+    try:
+        gw.start()
+        s3 = gw.client()
+        s3.put_object(Bucket=BUCKET, Key="err/first", Body=b"first")  # the bucket is known
+        gw.drained(bucket=BUCKET)
+        proxy.is_failing = True
+        acked = {f"err/k{i}": payload(64 * KiB, seed=f"e{i}") for i in range(4)}
+        for key, body in acked.items():
+            assert s3.put_object(Bucket=BUCKET, Key=key, Body=body)["ETag"] == quoted_md5(body)
+        _wait(lambda: "InternalError" in (gw.status()["last_error"] or ""), "a 500 in status")
+        status = gw.status()
+        assert status["pending_objects"] == 4 and status["failed_objects"] == 0
+        assert read_body(s3.get_object(Bucket=BUCKET, Key="err/k1")) == acked["err/k1"]
+        assert proxy.failed_requests > 0
+
+        proxy.is_failing = False
+        gw.drained(bucket=BUCKET)
+        stored = emu.call(lambda: emu.emulator.objects(BUCKET, "err/"))
+        acked["err/first"] = b"first"
+        assert {k: v["etag"] for k, v in stored.items()} == {
+            k: md5_hex(b) for k, b in acked.items()
+        }
+        puts = [
+            e["key"]
+            for e in emu.log
+            if e["op"] == "PutObject" and e["bucket"] == BUCKET and e["status"] == 200
+        ]
+        assert sorted(puts) == sorted(acked)
+    finally:
+        gw.stop()
+        proxy.stop()
         emu.stop()
