@@ -111,6 +111,7 @@ class CacheSpace:
         self.capacity_bytes = capacity_bytes
         self.high_bytes = int(capacity_bytes * high_fraction)
         self.low_bytes = int(capacity_bytes * low_fraction)
+        self._low_fraction = low_fraction
         self._snapshot = SpaceFigures(0, 0, 0)
         self._reserved_bytes = 0
         self._committed_since_bytes = 0  # committed after the snapshot was taken
@@ -255,11 +256,13 @@ class CacheSpace:
             return await self._evict_down_to(figures.used_bytes, self.low_bytes)
 
     async def evict_for_disk(self) -> int:
-        """The filesystem said ENOSPC: evict durable rows down to the low watermark even if
-        the high one was not reached (other files may share the disk)."""
+        """The filesystem said ENOSPC: the disk is smaller than the capacity says (or other
+        files share it). Evict durable rows down to the low watermark, or to the low
+        fraction of what is used now if that is less, even below the high watermark."""
         async with self._evict_lock:
             figures = await self.refresh()
-            return await self._evict_down_to(figures.used_bytes, self.low_bytes)
+            target = min(self.low_bytes, int(figures.used_bytes * self._low_fraction))
+            return await self._evict_down_to(figures.used_bytes, target)
 
     async def _evict_down_to(self, used_bytes: int, target_bytes: int) -> int:
         await self.write_back_access()

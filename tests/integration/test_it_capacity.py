@@ -127,7 +127,17 @@ def test_disk_full_is_slowdown_and_recovers(
     with _tmpfs(tmp_path / "small", "16m") as mount:
         data_dir = mount / "data"
         # Capacity above the filesystem size: admission lets writes in, the disk says no.
-        gw = gateway_factory(start=False, extra_args=["--capacity", str(64 * MiB)])
+        gw = gateway_factory(
+            start=False,
+            extra_args=[
+                "--capacity",
+                str(64 * MiB),
+                "--cache-high-watermark",
+                "0.5",
+                "--cache-low-watermark",
+                "0.1",
+            ],
+        )
         gw.data_dir = data_dir
         gw.start()
         s3 = gw.client()
@@ -151,9 +161,34 @@ def test_disk_full_is_slowdown_and_recovers(
         assert s3.put_object(Bucket=bucket, Key="full/big", Body=big)["ETag"] == quoted_md5(big)
         gw.resume_flush()
         gw.drained(bucket=bucket)
+
+        # Full again, this time with flushed objects on disk: the disk-full error starts an
+        # eviction round (down to 10 % of what is used), and a retry then fits.
+        _fill(filler, 64 * KiB)
+        third = payload(1 * MiB, seed="third")
+        disk_full_before = _metric(gw, "gateway_disk_full_errors")
+        deadline = time.monotonic() + 20
+        while True:  # the SDK may retry too: what matters is the disk-full error happened
+            try:
+                s3.put_object(Bucket=bucket, Key="full/third", Body=third)
+                break
+            except ClientError as err:
+                assert error_code(err) == "SlowDown"
+                assert time.monotonic() < deadline, "eviction never made room"
+                time.sleep(0.05)
+        assert filler.exists()  # the room came from evicting flushed objects
+        assert _metric(gw, "gateway_disk_full_errors") > disk_full_before
+        assert _metric(gw, "gateway_cache_evicted_objects") >= 1
+        filler.unlink()
+        gw.drained(bucket=bucket)
         gw.restart(hard=True)  # the journal opens and every object is intact
         s3 = gw.client()
         assert read_body(s3.get_object(Bucket=bucket, Key="full/keep")) == keep
         assert read_body(s3.get_object(Bucket=bucket, Key="full/big")) == big
-        assert sorted(upstream_objects(upstream, bucket, "full/")) == ["full/big", "full/keep"]
+        assert read_body(s3.get_object(Bucket=bucket, Key="full/third")) == third
+        assert sorted(upstream_objects(upstream, bucket, "full/")) == [
+            "full/big",
+            "full/keep",
+            "full/third",
+        ]
         gw.stop()
