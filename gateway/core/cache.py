@@ -63,6 +63,10 @@ class CacheFills:
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def is_enabled(self) -> bool:
+        return self._space is not None
+
     def wants(self, meta: ObjectMeta, max_object_bytes: int) -> bool:
         """Whether a full GET of ``meta`` should be copied into the cache."""
         if self._space is None or "-" in meta.etag or len(meta.etag) != 32:
@@ -70,11 +74,14 @@ class CacheFills:
         return meta.size_bytes <= max_object_bytes and self._space.fits_cache(meta.size_bytes)
 
     def tee(self, meta: ObjectMeta, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """Serve ``chunks`` and copy them into the cache on the side."""
+        """Serve ``chunks`` and copy them into the cache on the side. The caller MUST hold a
+        journal ``watch`` on the key (taken before the upstream GET); the fill releases it."""
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(_FILL_QUEUE_PIECES)
         task = asyncio.create_task(self._fill(meta, queue), name=f"fill {meta.key}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Also when the task is cancelled before it ever ran.
+        task.add_done_callback(lambda _: self._journal.unwatch(meta.bucket, meta.key))
         return _tee(chunks, queue, task)
 
     async def close(self) -> None:

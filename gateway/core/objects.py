@@ -215,7 +215,28 @@ class ObjectService:
         raise NoSuchKey(Key=key)  # pragma: no cover - three overwrites in a row while opening
 
     async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
-        """Read-through: the upstream evaluates range, part and preconditions in one GET."""
+        """Read-through: the upstream evaluates range, part and preconditions in one GET.
+
+        A full GET may be copied into the cache: the key is watched from before the
+        upstream request, so a local write or delete that lands meanwhile (even one flushed
+        and evicted before the copy finishes) keeps the stale copy out."""
+        is_whole = read.range is None and read.part_number is None
+        if not is_whole or not self.fills.is_enabled:
+            return await self._upstream_fetch(bucket, key, read)
+        self._journal.watch(bucket, key)
+        try:
+            body = await self._upstream_fetch(bucket, key, read)
+        except BaseException:
+            self._journal.unwatch(bucket, key)
+            raise
+        if body.head.byte_range is None and self.fills.wants(
+            body.head.meta, self._max_object_bytes
+        ):
+            return ObjectBody(body.head, self.fills.tee(body.head.meta, body.chunks()))
+        self._journal.unwatch(bucket, key)
+        return body
+
+    async def _upstream_fetch(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
         try:
             remote = await self._upstream.get_object(
                 bucket,
@@ -242,11 +263,7 @@ class ObjectService:
             parse_content_range(remote.content_range),
             remote.parts_count,
         )
-        chunks = remote.chunks()
-        is_whole = read.range is None and read.part_number is None and not remote.content_range
-        if is_whole and self.fills.wants(remote.meta, self._max_object_bytes):
-            chunks = self.fills.tee(remote.meta, chunks)
-        return ObjectBody(head, chunks)
+        return ObjectBody(head, remote.chunks())
 
     def _corrupt_hook(self, local: LocalObject) -> Callable[[str], Awaitable[None]]:
         async def on_corrupt(message: str) -> None:

@@ -162,6 +162,9 @@ class Journal:
         self._next_seq = 1
         self.pending_event = asyncio.Event()
         self.changed = asyncio.Condition()
+        # Keys with a read-through copy in progress -> [watchers, written since]. Set on the
+        # loop, flagged in the writer thread (single dict/list item operations: GIL-atomic).
+        self._watched: dict[tuple[str, str], list[Any]] = {}
 
     # -- lifecycle (blocking; called once at startup / shutdown) -------------------------
 
@@ -334,6 +337,9 @@ class Journal:
         )
         # Only advance once the statement succeeded (a failed op is rolled back alone).
         self._next_seq = seq + 1
+        watch = self._watched.get((meta.bucket, meta.key))
+        if watch is not None:
+            watch[1] = True  # a read-through copy begun before this write is now stale
         row = LocalObject(
             meta=meta,
             seq=seq,
@@ -346,14 +352,29 @@ class Journal:
         )
         return row, (_blob_ids(old[0], old[1]) if old else [])
 
+    def watch(self, bucket: str, key: str) -> None:
+        """Start noting writes of ``key`` (before a read-through GET is sent upstream)."""
+        entry = self._watched.setdefault((bucket, key), [0, False])
+        entry[0] += 1
+
+    def unwatch(self, bucket: str, key: str) -> None:
+        entry = self._watched.get((bucket, key))
+        if entry is not None:
+            entry[0] -= 1
+            if entry[0] <= 0:
+                del self._watched[(bucket, key)]
+
     async def commit_cached(self, meta: ObjectMeta, blob_id: str, now_s: float) -> bool:
         """Keep a read-through copy of an upstream object as a ``durable`` row, only if the
-        key has no local row (a local write or delete since the GET began wins). The blob
-        MUST be durable (or at least complete: it is a cache of upstream bytes, so losing
-        it loses nothing). Returns False if not kept; the caller then discards the blob."""
+        key has no local row and was not written since ``watch`` (a local write or delete
+        during the GET wins, even one already flushed and gone from the journal). The caller
+        MUST hold a ``watch`` on the key from before its upstream GET. The blob is a cache of
+        upstream bytes (losing it loses nothing). Returns False if not kept; the caller then
+        discards the blob."""
 
         def op(conn: sqlite3.Connection) -> bool:
-            if self.current(conn, meta.bucket, meta.key) is not None:
+            watch = self._watched.get((meta.bucket, meta.key))
+            if watch is None or watch[1] or self.current(conn, meta.bucket, meta.key):
                 return False
             self.upsert(conn, meta, blob_id, (), False, now_s)
             # Already upstream: durable at once, and an older version exists upstream.

@@ -37,6 +37,10 @@ class Env:
         )
         self.fills = CacheFills(self.journal, self.blobs, space, clock)
 
+    def tee(self, meta: ObjectMeta, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        self.journal.watch(meta.bucket, meta.key)  # as ObjectService does before its GET
+        return self.fills.tee(meta, chunks)
+
     def blob_files(self) -> list[Path]:
         return [p for p in (self.blobs.root / "blobs").rglob("*") if p.is_file()]
 
@@ -71,7 +75,7 @@ async def _settle(env: Env) -> None:
 
 async def test_fill_keeps_whole_md5_equal_body_as_durable(env: Env) -> None:
     body = bytes(range(256)) * 40
-    served = b"".join([p async for p in env.fills.tee(_meta(body), _pieces(body))])
+    served = b"".join([p async for p in env.tee(_meta(body), _pieces(body))])
     assert served == body
     await _settle(env)
     row = await env.journal.get("b", "k")
@@ -81,7 +85,7 @@ async def test_fill_keeps_whole_md5_equal_body_as_durable(env: Env) -> None:
 
 async def test_fill_of_partial_read_keeps_nothing(env: Env) -> None:
     body = b"x" * 10_000
-    stream = env.fills.tee(_meta(body), _pieces(body))
+    stream = env.tee(_meta(body), _pieces(body))
     assert len(await stream.__anext__()) == 1000
     await stream.aclose()  # type: ignore[attr-defined]  # the client went away
     await _settle(env)
@@ -93,7 +97,7 @@ async def test_fill_with_wrong_md5_keeps_nothing(env: Env) -> None:
     body = b"y" * 5000
     meta = _meta(b"something else entirely")
     meta = ObjectMeta("b", "k", len(body), meta.etag, 1.0)
-    assert b"".join([p async for p in env.fills.tee(meta, _pieces(body))]) == body
+    assert b"".join([p async for p in env.tee(meta, _pieces(body))]) == body
     await _settle(env)
     assert await env.journal.get("b", "k") is None
     assert env.blob_files() == []
@@ -101,7 +105,7 @@ async def test_fill_with_wrong_md5_keeps_nothing(env: Env) -> None:
 
 async def test_fill_never_replaces_a_local_write(env: Env) -> None:
     body = b"old" * 1000
-    stream = env.fills.tee(_meta(body), _pieces(body))
+    stream = env.tee(_meta(body), _pieces(body))
     first = await stream.__anext__()
     blob = await env.blobs.write(_pieces(b"new"), {"md5"})
     await env.journal.commit_put(_meta(b"new"), blob.blob_id, 2.0)
@@ -142,3 +146,17 @@ async def test_read_verified_holds_back_last_piece_on_mismatch() -> None:
     expected[1] = hashlib.md5(bad).hexdigest()
     whole = b"".join([p async for p in read_verified(files, expected, on_corrupt)])  # type: ignore[arg-type]
     assert whole == good + bad
+
+
+async def test_fill_refused_after_a_write_already_gone_from_the_journal(env: Env) -> None:
+    """A delete (or write) that was flushed and dropped while the copy streamed still wins."""
+    body = b"stale" * 1000
+    stream = env.tee(_meta(body), _pieces(body))
+    first = await stream.__anext__()
+    await env.journal.commit_delete("b", "k", 2.0)
+    await env.journal.run_write(lambda c: c.execute("DELETE FROM objects"))  # flushed, gone
+    assert first + b"".join([p async for p in stream]) == body
+    await _settle(env)
+    assert await env.journal.get("b", "k") is None
+    assert env.blob_files() == []
+    assert env.journal._watched == {}  # released
