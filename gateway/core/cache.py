@@ -110,7 +110,7 @@ class CacheFills:
         if kept:
             metrics.READTHROUGH_CACHED.inc()
             if self._space is not None:
-                self._space.wake()  # it may have passed the high watermark
+                self._space.note_cached(meta.size_bytes)  # may pass the high watermark
 
 
 class _Abandoned(Exception):

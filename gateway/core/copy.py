@@ -135,7 +135,7 @@ class CopyService:
         async with admission(self._space, size_bytes) as grant:
             meta = await self._copy_object(req)
             if grant is not None:
-                grant.commit()
+                grant.commit(meta.size_bytes)
         return meta
 
     async def _copy_object(self, req: CopyObjectRequest) -> ObjectMeta:
@@ -212,7 +212,7 @@ class CopyService:
         async with admission(self._space, 0) as grant:
             part = await self._upload_part_copy(req)
             if grant is not None:
-                grant.commit()
+                grant.commit(part.size_bytes)
         return part
 
     async def _upload_part_copy(self, req: UploadPartCopyRequest) -> Part:

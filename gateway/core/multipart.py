@@ -123,7 +123,7 @@ class MultipartService:
         async with admission(self._space, req.content_length or 0) as grant:
             part = await self._put_part(req, upload_id, part_number, body)
             if grant is not None:
-                grant.commit()
+                grant.commit(part.size_bytes)
         return part
 
     async def _put_part(

@@ -113,7 +113,7 @@ class ObjectService:
         async with admission(self._space, req.content_length or 0) as grant:
             meta = await self._put(req, body, check)
             if grant is not None:
-                grant.commit()
+                grant.commit(meta.size_bytes)
         return meta
 
     async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:

@@ -84,10 +84,14 @@ class Grant:
     def __init__(self, space: CacheSpace, size_bytes: int) -> None:
         self._space = space
         self.size_bytes = size_bytes
+        self.committed_bytes = 0
         self.is_committed = False
 
-    def commit(self) -> None:
+    def commit(self, size_bytes: int) -> None:
+        """The row is committed with ``size_bytes`` of new body (may differ from the
+        reservation: a length not known up front, a copy's source)."""
         self.is_committed = True
+        self.committed_bytes = size_bytes
 
 
 class CacheSpace:
@@ -147,7 +151,7 @@ class CacheSpace:
         finally:
             self._reserved_bytes -= size_bytes
             if grant.is_committed:
-                self._committed_since_bytes += size_bytes
+                self._committed_since_bytes += grant.committed_bytes
                 if self.estimated_used_bytes() > self.high_bytes:
                     self._wake.set()
 
@@ -246,9 +250,19 @@ class CacheSpace:
             )
         )
 
+    def note_cached(self, size_bytes: int) -> None:
+        """A read-through copy of ``size_bytes`` was committed (outside ``admit``)."""
+        self._committed_since_bytes += size_bytes
+        if self.estimated_used_bytes() > self.high_bytes:
+            self._wake.set()
+
     async def evict_if_needed(self) -> int:
         """Evict LRU durable rows if used bytes passed the high watermark, down to the low
-        one. Returns the bytes evicted."""
+        one. Returns the bytes evicted. Skips the journal query when even the estimate
+        (never below the truth: every commit is counted, frees only at a snapshot) is
+        under the high watermark."""
+        if self.estimated_used_bytes() <= self.high_bytes:
+            return 0
         async with self._evict_lock:
             figures = await self.refresh()
             if figures.used_bytes <= self.high_bytes:

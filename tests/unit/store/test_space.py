@@ -108,7 +108,7 @@ async def test_space_admits_until_unflushed_bytes_reach_capacity(env: Env) -> No
 async def test_space_durable_bytes_never_refuse_a_write(env: Env) -> None:
     await env.put("cached", b"c" * 900, durable=True)
     async with env.space.admit(1000) as grant:
-        grant.commit()
+        grant.commit(1000)
 
 
 async def test_space_refreshes_before_refusing(env: Env) -> None:
@@ -123,6 +123,7 @@ async def test_space_refreshes_before_refusing(env: Env) -> None:
 async def test_space_evicts_lru_durable_rows_down_to_low_watermark(env: Env) -> None:
     blobs = {k: await env.put(k, k.encode() * 200, durable=True) for k in ("a", "b", "c", "d")}
     pending = await env.put("p", b"p" * 150)
+    await env.space.refresh()  # as at startup
     env.space.touch("b", "a")  # read most recently: survives
     freed = await env.space.evict_if_needed()  # used 950 > 900: down to <= 500
     assert freed == 600
@@ -151,6 +152,7 @@ async def test_space_never_evicts_unflushed_or_upload_parts(env: Env) -> None:
     await uploads.put_part(upload_id, Part(1, part_blob.blob_id, 150, "e", {}, 1.0))
     figures = await env.space.refresh()
     assert figures.used_bytes == 950 and figures.parts_bytes == 150
+    assert env.space.estimated_used_bytes() == 950
     assert await env.space.evict_if_needed() == 0
     assert env.blobs.path(part_blob.blob_id).exists()
     assert (await env.journal.stats()).cached_bytes == 950
