@@ -229,8 +229,11 @@ class ObjectService:
         except BaseException:
             self._journal.unwatch(bucket, key)
             raise
-        if body.head.byte_range is None and self.fills.wants(
-            body.head.meta, self._max_object_bytes
+        head = body.head
+        if (
+            head.byte_range is None
+            and not head.is_not_modified
+            and self.fills.wants(head.meta, self._max_object_bytes)
         ):
             return ObjectBody(body.head, self.fills.tee(body.head.meta, body.chunks()))
         self._journal.unwatch(bucket, key)

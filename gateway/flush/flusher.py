@@ -282,6 +282,8 @@ class Flusher:
                     raise _Superseded() from exc
                 raise Fatal(f"local body missing: {exc}") from exc
             if obj.parts:
+                for part_file, part in zip(opened, obj.parts, strict=True):
+                    await _require_md5(part_file, part.etag)  # as for single bodies below
                 sources = [
                     PartSource(f, p.size_bytes, p.etag)
                     for f, p in zip(opened, obj.parts, strict=True)

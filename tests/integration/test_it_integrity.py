@@ -4,6 +4,7 @@ fails it as local corruption, never retried into the bucket), and by ``gateway v
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -132,3 +133,39 @@ def test_corruption_found_by_flush_fails_as_local_corruption(
     assert state["last_error"].startswith("local corruption")
     assert "rot/flush" not in upstream_objects(upstream, bucket, "rot/")
     assert gw.status()["failed_objects"] == 1
+
+
+def test_corrupt_part_of_multipart_object_fails_flush(
+    gateway_factory: Any, upstream: Any, bucket: str
+) -> None:
+    gw = gateway_factory()
+    s3 = gw.client()
+    parts = [payload(5 * 1024 * KiB, seed="mp1"), payload(64 * KiB, seed="mp2")]
+    with gw.flush_paused():
+        upload = s3.create_multipart_upload(Bucket=bucket, Key="rot/mp")
+        etags = [
+            s3.upload_part(
+                Bucket=bucket, Key="rot/mp", UploadId=upload["UploadId"], PartNumber=n, Body=p
+            )["ETag"]
+            for n, p in enumerate(parts, 1)
+        ]
+        s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="rot/mp",
+            UploadId=upload["UploadId"],
+            MultipartUpload={
+                "Parts": [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, 1)]
+            },
+        )
+        conn = sqlite3.connect(f"file:{gw.data_dir / 'journal.db'}?mode=ro", uri=True)
+        (parts_json,) = conn.execute(
+            "SELECT parts FROM objects WHERE bucket = ? AND key = 'rot/mp'", (bucket,)
+        ).fetchone()
+        conn.close()
+        blob_id = json.loads(parts_json)[1][0]
+        _corrupt(gw.data_dir / "blobs" / blob_id[:2] / blob_id)
+        check = _verify(gw.data_dir)
+        assert check.returncode == 1 and f"{bucket}/rot/mp part 2 [pending]" in check.stdout
+    state = _wait_state(gw, bucket, "rot/mp", "failed")
+    assert state["last_error"].startswith("local corruption")
+    assert "rot/mp" not in upstream_objects(upstream, bucket, "rot/")
