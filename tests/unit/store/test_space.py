@@ -229,3 +229,28 @@ async def test_verify_reports_corrupt_and_missing_bodies(env: Env) -> None:
         ("b/gone", "pending"),
     ]
     assert env.blobs.path(good).exists()
+
+
+async def test_journal_full_is_slowdown_and_recovers(env: Env) -> None:
+    """SQLITE_FULL (here: a page cap) refuses the commit as 503 SlowDown; nothing of it is
+    visible, earlier rows are intact, and commits work again once there is room."""
+    await env.put("before", b"b" * 10)
+    pages = await env.journal.run_read(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
+    await env.journal.run_write(lambda c: c.execute(f"PRAGMA max_page_count = {pages}"))
+    big_meta = ObjectMeta(
+        bucket="b",
+        key="big",
+        size_bytes=1,
+        etag="e",
+        last_modified_s=1.0,
+        user_metadata={"pad": "x" * 100_000},  # needs pages the cap refuses
+    )
+    with pytest.raises(SlowDown):
+        await env.journal.commit_put(big_meta, "blob-big", 2.0)
+    assert await env.journal.get("b", "big") is None
+    row = await env.journal.get("b", "before")
+    assert row is not None and row.state is FlushState.PENDING
+    await env.journal.run_write(lambda c: c.execute("PRAGMA max_page_count = 1000000"))
+    await env.journal.commit_put(big_meta, "blob-big", 3.0)
+    row = await env.journal.get("b", "big")
+    assert row is not None and row.meta.user_metadata["pad"] == "x" * 100_000
