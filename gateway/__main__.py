@@ -1,7 +1,8 @@
-"""Command line: ``gateway serve`` here; ``gateway status`` and ``gateway drain`` in cli.py.
+"""Command line: ``gateway serve`` and ``gateway verify`` here; ``gateway status`` and
+``gateway drain`` in cli.py.
 
-Exit codes: 0 success; 1 admin API unreachable (status, drain); 2 configuration error
-(serve); 3 drain not finished by its timeout.
+Exit codes: 0 success; 1 admin API unreachable (status, drain) or damage found (verify);
+2 configuration error (serve); 3 drain not finished by its timeout.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the gateway")
     config.add_arguments(serve)
     cli.add_arguments(sub)
+    verify = sub.add_parser("verify", help="re-hash local bodies against the journal (scrub)")
+    verify.add_argument("--data-dir", required=True, help="the gateway's data directory")
     args = parser.parse_args(argv)
+    if args.command == "verify":
+        from gateway.store.verify import run_cli
+
+        return run_cli(args.data_dir)
     if args.command == "serve":
         return _serve(args)
     if args.command == "status":

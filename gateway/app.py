@@ -37,6 +37,7 @@ from gateway.s3.dispatch import S3Services
 from gateway.s3.server import build_s3_app
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
+from gateway.store.space import CacheSpace
 from gateway.store.uploads import UploadJournal
 from gateway.upstream.client import AiobotocoreUpstream
 
@@ -98,11 +99,20 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     await asyncio.to_thread(blobs.open_store)
     stack.callback(blobs.close)
     journal = Journal(data_dir / "journal.db", fsync=settings.fsync)
+    sweep_before_ns = await asyncio.to_thread(_ctime_mark, data_dir)
     referenced = await asyncio.to_thread(journal.open)
     stack.callback(journal.close)
-    swept = await asyncio.to_thread(blobs.sweep, referenced)
-    if swept:
-        log.info("removed %d unreferenced blob files left by an earlier crash", swept)
+    capacity = settings.capacity_bytes or _filesystem_bytes(data_dir)
+    space = CacheSpace(
+        journal,
+        blobs,
+        clock,
+        capacity_bytes=capacity,
+        high_fraction=settings.cache_high_watermark,
+        low_fraction=settings.cache_low_watermark,
+    )
+    blobs.on_disk_full = space.on_disk_full
+    await space.refresh()
 
     if settings.is_demo:
         with contextlib.suppress(S3Error):
@@ -117,11 +127,20 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         clock,
         max_part_bytes=settings.max_object_bytes,
         min_part_bytes=settings.min_part_bytes,
+        space=space,
     )
+    object_service = ObjectService(
+        journal,
+        blobs,
+        upstream,
+        buckets,
+        clock,
+        max_object_bytes=settings.max_object_bytes,
+        space=space,
+    )
+    stack.push_async_callback(object_service.fills.close)
     s3 = S3Services(
-        objects=ObjectService(
-            journal, blobs, upstream, buckets, clock, max_object_bytes=settings.max_object_bytes
-        ),
+        objects=object_service,
         buckets=buckets,
         listing=ListingService(journal, upstream),
         multipart=multipart,
@@ -135,6 +154,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
             clock,
             max_object_bytes=settings.max_object_bytes,
             max_part_bytes=settings.max_object_bytes,
+            space=space,
         ),
         deletes=DeleteService(journal, blobs, buckets, clock),
         credentials=credentials,
@@ -169,7 +189,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         multipart_threshold_bytes=settings.multipart_threshold_bytes,
     )
     flusher_task = asyncio.create_task(flusher.run(), name="flusher")
-    capacity = settings.capacity_bytes or _filesystem_bytes(data_dir)
+    evictor_task = asyncio.create_task(space.run(), name="evictor")
     admin = AdminServices(journal=journal, flusher=flusher, clock=clock, capacity_bytes=capacity)
 
     s3_runner = web.AppRunner(
@@ -187,6 +207,9 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     await web.TCPSite(admin_runner, admin_ep.host, admin_ep.port, reuse_address=True).start()
     admin.is_ready = True
     _announce(settings, endpoint, credentials)
+    # Crash leftovers are removed in the background: listing every blob before listening
+    # would delay readiness on a large cache, and files made since the mark are spared.
+    sweeper = asyncio.create_task(_sweep(blobs, referenced, sweep_before_ns), name="sweep")
 
     await stop.wait()
     log.info(
@@ -200,11 +223,14 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     s3.is_accepting_writes = False
     started = clock.monotonic()
     if not flusher.is_paused:
-        await journal.wait_flushed(None, "", journal.last_seq, settings.shutdown_drain_timeout_s)
+        await _wait_drained(journal, settings.shutdown_drain_timeout_s)
     left_s = settings.shutdown_drain_timeout_s - (clock.monotonic() - started)
     await flusher.stop(max(0.0, left_s))
     await flusher_task
     await s3_runner.cleanup()  # waits for requests in flight (writes admitted before)
+    space.stop()
+    await evictor_task
+    await sweeper
     objects, size = await journal.unflushed(None, "", journal.last_seq)
     if objects:
         log.warning(
@@ -214,12 +240,47 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         )
 
 
+async def _wait_drained(journal: Journal, timeout_s: float) -> None:
+    """Wait until nothing is left to flush but ``failed`` rows (which wait for an operator,
+    so waiting on them would only delay the exit to the deadline), or ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        backlog = (await journal.stats()).backlog
+        left_s = deadline - loop.time()
+        if backlog.pending_objects <= backlog.failed_objects or left_s <= 0:
+            return
+        async with journal.changed:
+            # The 1 s cap covers a notification that fired between query and wait.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(journal.changed.wait(), min(left_s, 1.0))
+
+
 def _tls_context(settings: Settings) -> ssl.SSLContext | None:
     if settings.tls_cert is None or settings.tls_key is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(settings.tls_cert, settings.tls_key)
     return context
+
+
+def _ctime_mark(data_dir: Path) -> int:
+    """A ctime (on the data dir's own clock) older than every file this process will make."""
+    mark = data_dir / "tmp" / ".sweep-mark"
+    mark.touch()
+    mark_ns = mark.stat().st_ctime_ns
+    mark.unlink()
+    return mark_ns
+
+
+async def _sweep(blobs: BlobStore, referenced: set[str], before_ns: int) -> None:
+    try:
+        swept = await asyncio.to_thread(blobs.sweep, referenced, before_ns)
+    except OSError as exc:  # a failed sweep only leaves orphans behind, never loses data
+        log.warning("sweep of unreferenced blob files failed: %s", exc)
+        return
+    if swept:
+        log.info("removed %d unreferenced blob files left by an earlier crash", swept)
 
 
 def _filesystem_bytes(path: Path) -> int:

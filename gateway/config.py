@@ -145,6 +145,14 @@ class Settings:
     # on the ``gateway.access`` logger; signatures and credentials are never in it.
     access_log: bool = True
 
+    # -- cache capacity and eviction (issue 5) -----------------------------------------------
+    # Fractions of the capacity: when used bytes (every local body) pass the high watermark,
+    # flushed objects are evicted least recently used first, down to the low watermark.
+    # Unflushed bytes are never evicted; writes that would push them past the capacity get
+    # 503 SlowDown.
+    cache_high_watermark: float = 0.9
+    cache_low_watermark: float = 0.8
+
     @property
     def fsync(self) -> bool:
         return self.durability == "fsync"
@@ -194,6 +202,9 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     # --- logs (issue 6) ---
     "log_format": (_choice("text", "json"), "log format: text or json (one object a line)"),
     "access_log": (_bool, "log one line per S3 request (true/false)"),
+    # -- cache capacity and eviction (issue 5)
+    "cache_high_watermark": (float, "fraction of --capacity that starts eviction (0.9)"),
+    "cache_low_watermark": (float, "fraction of --capacity eviction stops at (0.8)"),
 }
 
 
@@ -271,5 +282,7 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("lane-concurrency must be at least 1")
     if settings.lane_rate <= 0 or settings.lane_min_rate <= 0:
         raise ConfigError("lane-rate and lane-min-rate must be positive")
+    if not 0 < settings.cache_low_watermark <= settings.cache_high_watermark <= 1:
+        raise ConfigError("need 0 < cache-low-watermark <= cache-high-watermark <= 1")
     if settings.multipart_threshold_bytes < 5 * MiB:
         raise ConfigError("multipart-threshold must be at least 5MiB (S3's smallest part)")

@@ -117,3 +117,31 @@ FLUSHED_BYTES = Gauge(
 CACHE_USED_BYTES = Gauge(
     "gateway_cache_used_bytes", "Bytes of object bodies on local disk", registry=REGISTRY
 )
+EVICTED_OBJECTS = Counter(
+    "gateway_cache_evicted_objects",
+    "Flushed objects evicted from the local cache (least recently used first)",
+    registry=REGISTRY,
+)
+EVICTED_BYTES = Counter(
+    "gateway_cache_evicted_bytes", "Bytes of flushed objects evicted", registry=REGISTRY
+)
+CAPACITY_REFUSALS = Counter(
+    "gateway_capacity_refusals",
+    "Writes refused with 503 SlowDown because unflushed bytes would exceed the capacity",
+    registry=REGISTRY,
+)
+DISK_FULL_ERRORS = Counter(
+    "gateway_disk_full_errors",
+    "Writes that hit ENOSPC/EDQUOT on the data directory (answered 503 SlowDown)",
+    registry=REGISTRY,
+)
+READTHROUGH_CACHED = Counter(
+    "gateway_readthrough_cached_objects",
+    "Upstream objects kept in the local cache after a full read-through GET",
+    registry=REGISTRY,
+)
+CORRUPT_BLOBS = Counter(
+    "gateway_corrupt_blobs",
+    "Local bodies found not to match their recorded digest (GET, flush or verify)",
+    registry=REGISTRY,
+)

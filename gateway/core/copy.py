@@ -26,6 +26,7 @@ from typing import BinaryIO
 from gateway.checksums import b64
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
+from gateway.core.cache import admission
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.ingest import validate_key
 from gateway.core.multipart import MAX_PART_NUMBER, MultipartService
@@ -41,6 +42,7 @@ from gateway.errors import (
 from gateway.models import LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore, WrittenBlob
 from gateway.store.journal import Journal
+from gateway.store.space import CacheSpace
 from gateway.store.uploads import Part, UploadJournal
 from gateway.upstream.client import Upstream
 
@@ -110,7 +112,9 @@ class CopyService:
         *,
         max_object_bytes: int,
         max_part_bytes: int,
+        space: CacheSpace | None = None,
     ) -> None:
+        self._space = space
         self._journal = journal
         self._uploads = uploads
         self._blobs = blobs
@@ -124,6 +128,17 @@ class CopyService:
     # -- CopyObject ---------------------------------------------------------------------------
 
     async def copy_object(self, req: CopyObjectRequest) -> ObjectMeta:
+        """Admission first: a local source reserves its size; an upstream source (size
+        unknown before its GET) reserves nothing but is refused when the cache is full."""
+        source = await self._journal.get(req.source_bucket, req.source_key)
+        size_bytes = source.meta.size_bytes if source is not None else 0
+        async with admission(self._space, size_bytes) as grant:
+            meta = await self._copy_object(req)
+            if grant is not None:
+                grant.commit(meta.size_bytes)
+        return meta
+
+    async def _copy_object(self, req: CopyObjectRequest) -> ObjectMeta:
         validate_key(req.key)
         validate_key(req.source_key)
         await self._buckets.require(req.source_bucket)
@@ -193,6 +208,14 @@ class CopyService:
     # -- UploadPartCopy -----------------------------------------------------------------------
 
     async def upload_part_copy(self, req: UploadPartCopyRequest) -> Part:
+        """Admission first (nothing reserved: the range's size is known only later)."""
+        async with admission(self._space, 0) as grant:
+            part = await self._upload_part_copy(req)
+            if grant is not None:
+                grant.commit(part.size_bytes)
+        return part
+
+    async def _upload_part_copy(self, req: UploadPartCopyRequest) -> Part:
         if not 1 <= req.part_number <= MAX_PART_NUMBER:
             raise InvalidArgument(
                 "Part number must be an integer between 1 and 10000, inclusive",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gateway.checksums import CHECKSUM_ALGORITHMS, composite, full_object, is_crc
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
+from gateway.core.cache import admission
 from gateway.core.ingest import ingest, validate_key
 from gateway.errors import (
     BadDigest,
@@ -30,6 +31,7 @@ from gateway.errors import (
 from gateway.models import ObjectMeta, PartRef, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import RowCheck
+from gateway.store.space import CacheSpace
 from gateway.store.uploads import Part, Upload, UploadJournal
 
 MAX_PART_NUMBER = 10_000
@@ -63,7 +65,9 @@ class MultipartService:
         *,
         max_part_bytes: int,
         min_part_bytes: int,
+        space: CacheSpace | None = None,
     ) -> None:
+        self._space = space
         self._uploads = uploads
         self._blobs = blobs
         self._buckets = buckets
@@ -116,6 +120,15 @@ class MultipartService:
                 ArgumentName="partNumber",
             )
         await self.upload(req.bucket, req.key, upload_id)
+        async with admission(self._space, req.content_length or 0) as grant:
+            part = await self._put_part(req, upload_id, part_number, body)
+            if grant is not None:
+                grant.commit(part.size_bytes)
+        return part
+
+    async def _put_part(
+        self, req: PutRequest, upload_id: str, part_number: int, body: RequestBody
+    ) -> Part:
         blob, checksums = await ingest(self._blobs, req, body, max_bytes=self._max_part_bytes)
         part = Part(
             part_number,

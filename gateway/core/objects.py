@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from gateway import metrics
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
+from gateway.core.cache import CacheFills, admission, read_verified
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range
@@ -28,8 +31,10 @@ from gateway.errors import InvalidRange, NoSuchKey, NotModified
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal, RowCheck
+from gateway.store.space import CacheSpace
 from gateway.upstream.client import Upstream
 
+log = logging.getLogger(__name__)
 _READ_PIECE_BYTES = 1 << 20
 _NO_CONDITIONS = Preconditions()
 
@@ -88,6 +93,7 @@ class ObjectService:
         clock: Clock,
         *,
         max_object_bytes: int,
+        space: CacheSpace | None = None,
     ) -> None:
         self._journal = journal
         self._blobs = blobs
@@ -95,6 +101,8 @@ class ObjectService:
         self._buckets = buckets
         self._clock = clock
         self._max_object_bytes = max_object_bytes
+        self._space = space
+        self.fills = CacheFills(journal, blobs, space, clock)
 
     async def put_object(
         self, req: PutRequest, body: RequestBody, cond: Preconditions = _NO_CONDITIONS
@@ -102,6 +110,13 @@ class ObjectService:
         validate_key(req.key)
         await self._buckets.require(req.bucket)
         check = await self.write_guard(req.bucket, req.key, cond)
+        async with admission(self._space, req.content_length or 0) as grant:
+            meta = await self._put(req, body, check)
+            if grant is not None:
+                grant.commit(meta.size_bytes)
+        return meta
+
+    async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:
         blob, checksums = await ingest(self._blobs, req, body, max_bytes=self._max_object_bytes)
         try:
             meta = ObjectMeta(
@@ -191,11 +206,40 @@ class ObjectService:
                 files = await asyncio.to_thread(self._open_all, [p[0] for p in pieces])
             except FileNotFoundError:
                 continue  # superseded between lookup and open: look again
+            if self._space is not None:
+                self._space.touch(bucket, key)
+            expected = _expected_md5s(local)
+            if head.byte_range is None and expected is not None and len(files) == len(expected):
+                return ObjectBody(head, read_verified(files, expected, self._corrupt_hook(local)))
             return ObjectBody(head, _read_files(files, pieces))
         raise NoSuchKey(Key=key)  # pragma: no cover - three overwrites in a row while opening
 
     async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
-        """Read-through: the upstream evaluates range, part and preconditions in one GET."""
+        """Read-through: the upstream evaluates range, part and preconditions in one GET.
+
+        A full GET may be copied into the cache: the key is watched from before the
+        upstream request, so a local write or delete that lands meanwhile (even one flushed
+        and evicted before the copy finishes) keeps the stale copy out."""
+        is_whole = read.range is None and read.part_number is None
+        if not is_whole or not self.fills.is_enabled:
+            return await self._upstream_fetch(bucket, key, read)
+        self._journal.watch(bucket, key)
+        try:
+            body = await self._upstream_fetch(bucket, key, read)
+        except BaseException:
+            self._journal.unwatch(bucket, key)
+            raise
+        head = body.head
+        if (
+            head.byte_range is None
+            and not head.is_not_modified
+            and self.fills.wants(head.meta, self._max_object_bytes)
+        ):
+            return ObjectBody(body.head, self.fills.tee(body.head.meta, body.chunks()))
+        self._journal.unwatch(bucket, key)
+        return body
+
+    async def _upstream_fetch(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
         try:
             remote = await self._upstream.get_object(
                 bucket,
@@ -223,6 +267,21 @@ class ObjectService:
             remote.parts_count,
         )
         return ObjectBody(head, remote.chunks())
+
+    def _corrupt_hook(self, local: LocalObject) -> Callable[[str], Awaitable[None]]:
+        async def on_corrupt(message: str) -> None:
+            await self.report_corrupt(local, message)
+
+        return on_corrupt
+
+    async def report_corrupt(self, local: LocalObject, message: str) -> None:
+        """A local body failed its digest check: log, count, and take it out of service
+        (a durable copy is dropped so reads go upstream; an unflushed one becomes failed)."""
+        log.error("%s/%s seq=%d: %s", local.meta.bucket, local.meta.key, local.seq, message)
+        metrics.CORRUPT_BLOBS.inc()
+        dropped = await asyncio.shield(self._journal.mark_corrupt(local, message))
+        if dropped:
+            await self._blobs.discard(dropped)
 
     def _open_all(self, blob_ids: list[str]) -> list[BinaryIO]:
         """Open every body file up front, so a later unlink cannot cut a read short."""
@@ -285,6 +344,19 @@ def _condition_headers(cond: Preconditions) -> dict[str, str]:
         "If-Unmodified-Since": cond.if_unmodified_since,
     }
     return {name: value for name, value in pairs.items() if value is not None}
+
+
+def _expected_md5s(local: LocalObject) -> list[str] | None:
+    """The MD5 hex each body file must have, or None when it is not recorded."""
+    if local.parts:
+        md5s = [p.etag.strip('"') for p in local.parts]
+    elif local.blob_id is not None:
+        md5s = [local.meta.etag]
+    else:
+        return None
+    if any(len(m) != 32 or "-" in m for m in md5s):
+        return None
+    return md5s
 
 
 def _pieces(local: LocalObject, start: int, length: int) -> list[tuple[str, int, int]]:

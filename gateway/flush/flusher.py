@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
@@ -34,6 +34,7 @@ from gateway.flush.ratelimit import TokenBucket
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
+from gateway.store.verify import md5_of_file
 from gateway.upstream.classify import Fatal, FlushError, Retryable, Throttled
 from gateway.upstream.client import PartSource, Upstream
 
@@ -281,14 +282,23 @@ class Flusher:
                     raise _Superseded() from exc
                 raise Fatal(f"local body missing: {exc}") from exc
             if obj.parts:
+                for part_file, part in zip(opened, obj.parts, strict=True):
+                    await _require_md5(part_file, part.etag)  # as for single bodies below
                 sources = [
                     PartSource(f, p.size_bytes, p.etag)
                     for f, p in zip(opened, obj.parts, strict=True)
                 ]
                 expected = obj.meta.etag
             elif obj.meta.size_bytes > self._multipart_threshold_bytes:
+                # Part MD5s are computed from the file here, so the upstream cannot catch a
+                # corrupt body: check it against the acked MD5 first (one extra read).
+                await _require_md5(opened[0], obj.meta.etag)
                 sources, expected = await split_parts(opened[0], obj.meta.size_bytes)
             else:
+                # Content-MD5 lets S3 refuse a corrupt body, but not every S3-compatible
+                # upstream checks it (moto does not): a bad body MUST NOT become the
+                # bucket's latest version, so check before sending (usually page cache).
+                await _require_md5(opened[0], obj.meta.etag)
                 await self._admit(lane, 1, obj.meta.size_bytes)
                 etag = await self._upstream.put_object(obj.meta, opened[0])
                 _check_etag(etag, obj.meta.etag)
@@ -345,8 +355,9 @@ class Flusher:
         if isinstance(exc, Fatal):
             self._uploads_failed += 1
             metrics.FLUSH_FAILURES.inc()
-            log.error("flush of %s/%s failed permanently: %s", obj.meta.bucket, obj.meta.key, exc)
-            await self._journal.mark_failed(obj, str(exc))
+            error = _corruption_label(str(exc))
+            log.error("flush of %s/%s failed permanently: %s", obj.meta.bucket, obj.meta.key, error)
+            await self._journal.mark_failed(obj, error)
             return
         self._note_transient(lane, exc)
         delay = self._backoff.delay_s(obj.attempts, exc.retry_after_s)
@@ -359,6 +370,24 @@ class Flusher:
             exc,
         )
         await self._journal.retry_later(obj, str(exc), self._clock.wall() + delay)
+
+
+# The upstream re-hashed what we sent and it differs from the acked digest we sent with it:
+# the local copy changed after the ack. Failing (not retrying) keeps it out of the bucket.
+_DIGEST_CODES = ("BadDigest:", "InvalidDigest:", "XAmzContentSHA256Mismatch:")
+
+
+def _corruption_label(error: str) -> str:
+    if error.startswith(_DIGEST_CODES) or error.startswith("local corruption"):
+        metrics.CORRUPT_BLOBS.inc()
+        return error if error.startswith("local corruption") else f"local corruption: {error}"
+    return error
+
+
+async def _require_md5(body: BinaryIO, md5_hex: str) -> None:
+    got = await asyncio.to_thread(md5_of_file, body)
+    if "-" not in md5_hex and got != md5_hex:
+        raise Fatal(f"local corruption: body MD5 {got} differs from the acked {md5_hex}")
 
 
 def _check_etag(got: str, expected: str) -> None:

@@ -18,16 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.checksums import Hasher, new_hasher
-from gateway.errors import EntityTooLarge
+from gateway.errors import EntityTooLarge, SlowDown
 
 MiB = 1 << 20
+log = logging.getLogger(__name__)
+# The filesystem is out of space (or the user's quota): retryable, never a corrupt state.
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,8 @@ class BlobStore:
         self._tmp = root / "tmp"
         self._blobs = root / "blobs"
         self._dir_fds: dict[str, int] = {}
+        # Called (on the loop) after a write failed with ENOSPC/EDQUOT: e.g. wake the evictor.
+        self.on_disk_full: Callable[[], None] | None = None
 
     def open_store(self) -> None:
         """Create the layout and keep one fd per fan-out directory for cheap dir fsyncs."""
@@ -88,8 +95,23 @@ class BlobStore:
     ) -> WrittenBlob:
         """Stream ``chunks`` into a new blob, hashing with each algorithm in ``algorithms``.
 
-        Raises EntityTooLarge past ``max_bytes``; on any exception the partial file is removed.
+        Raises EntityTooLarge past ``max_bytes``, and SlowDown (503, retryable) when the
+        filesystem is full (ENOSPC/EDQUOT); on any exception the partial file is removed,
+        so a full disk leaves nothing behind and nothing referenced is touched.
         """
+        try:
+            return await self._write(chunks, algorithms, max_bytes)
+        except OSError as exc:
+            if exc.errno not in _FULL_ERRNOS:
+                raise
+            log.error("local disk full writing a blob under %s: %s", self.root, exc)
+            if self.on_disk_full is not None:
+                self.on_disk_full()
+            raise SlowDown("The gateway's local disk is full; retry shortly.") from exc
+
+    async def _write(
+        self, chunks: AsyncIterator[bytes], algorithms: Iterable[str], max_bytes: int | None
+    ) -> WrittenBlob:
         blob_id = secrets.token_hex(16)
         tmp_path = self._tmp / blob_id
         hashers = {name: new_hasher(name) for name in set(algorithms)}
@@ -186,13 +208,28 @@ class BlobStore:
         for blob_id in blob_ids:
             self.path(blob_id).unlink(missing_ok=True)
 
-    def sweep(self, referenced: set[str]) -> int:
-        """Remove blob files that no journal row references (crash leftovers). Blocking."""
+    def sweep(self, referenced: set[str], before_ns: int | None = None) -> int:
+        """Remove blob files that no journal row references (crash leftovers). Blocking.
+
+        ``referenced`` is the journal's set at open. With ``before_ns`` (a wall-clock time
+        taken before that set was read and before any write was accepted), only files whose
+        inode changed before it are candidates: a blob written or hard-linked since (rename
+        and link both update ctime) may be waiting for its COMMIT and MUST NOT be removed,
+        so the sweep can run in the background while the gateway serves.
+        """
         removed = 0
         for sub in self._blobs.iterdir():
-            for entry in sub.iterdir():
-                if entry.name not in referenced:
-                    entry.unlink(missing_ok=True)
+            for entry in os.scandir(sub):
+                if entry.name in referenced:
+                    continue
+                if before_ns is not None:
+                    try:
+                        if entry.stat(follow_symlinks=False).st_ctime_ns >= before_ns:
+                            continue
+                    except FileNotFoundError:
+                        continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
                     removed += 1
         return removed
 

@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from gateway.errors import SlowDown
 from gateway.models import BucketInfo, FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.sqlite_writer import GroupWriter
 
@@ -161,6 +162,9 @@ class Journal:
         self._next_seq = 1
         self.pending_event = asyncio.Event()
         self.changed = asyncio.Condition()
+        # Keys with a read-through copy in progress -> [watchers, written since]. Set on the
+        # loop, flagged in the writer thread (single dict/list item operations: GIL-atomic).
+        self._watched: dict[tuple[str, str], list[Any]] = {}
 
     # -- lifecycle (blocking; called once at startup / shutdown) -------------------------
 
@@ -168,6 +172,7 @@ class Journal:
         """Create or migrate the schema, run recovery, return every referenced blob id."""
         conn = self._connect()
         conn.executescript(resources.files("gateway.store").joinpath("schema.sql").read_text())
+        migrate(conn)
         # Recovery: uploads in flight when the process died never completed as far as we know.
         conn.execute("UPDATE objects SET state = 'pending' WHERE state = 'flushing'")
         row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM objects").fetchone()
@@ -196,7 +201,14 @@ class Journal:
 
     async def _write(self, op: Callable[[sqlite3.Connection], T]) -> T:
         assert self._writer is not None, "journal is not open"
-        return await self._writer.submit(op)
+        try:
+            return await self._writer.submit(op)
+        except sqlite3.OperationalError as exc:
+            # SQLITE_FULL: the transaction was rolled back, the journal is intact; the
+            # write is refused as retryable (space returns as the cache is evicted).
+            if "full" in str(exc).lower():
+                raise SlowDown("The gateway's local disk is full; retry shortly.") from exc
+            raise
 
     async def _read(self, op: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -325,6 +337,9 @@ class Journal:
         )
         # Only advance once the statement succeeded (a failed op is rolled back alone).
         self._next_seq = seq + 1
+        watch = self._watched.get((meta.bucket, meta.key))
+        if watch is not None:
+            watch[1] = True  # a read-through copy begun before this write is now stale
         row = LocalObject(
             meta=meta,
             seq=seq,
@@ -336,6 +351,70 @@ class Journal:
             flushed_before=flushed_before,
         )
         return row, (_blob_ids(old[0], old[1]) if old else [])
+
+    def watch(self, bucket: str, key: str) -> None:
+        """Start noting writes of ``key`` (before a read-through GET is sent upstream)."""
+        entry = self._watched.setdefault((bucket, key), [0, False])
+        entry[0] += 1
+
+    def unwatch(self, bucket: str, key: str) -> None:
+        entry = self._watched.get((bucket, key))
+        if entry is not None:
+            entry[0] -= 1
+            if entry[0] <= 0:
+                del self._watched[(bucket, key)]
+
+    async def commit_cached(self, meta: ObjectMeta, blob_id: str, now_s: float) -> bool:
+        """Keep a read-through copy of an upstream object as a ``durable`` row, only if the
+        key has no local row and was not written since ``watch`` (a local write or delete
+        during the GET wins, even one already flushed and gone from the journal). The caller
+        MUST hold a ``watch`` on the key from before its upstream GET. The blob is a cache of
+        upstream bytes (losing it loses nothing). Returns False if not kept; the caller then
+        discards the blob."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            watch = self._watched.get((meta.bucket, meta.key))
+            if watch is None or watch[1] or self.current(conn, meta.bucket, meta.key):
+                return False
+            self.upsert(conn, meta, blob_id, (), False, now_s)
+            # Already upstream: durable at once, and an older version exists upstream.
+            conn.execute(
+                "UPDATE objects SET state = 'durable', flushed_before = 1, accessed_s = ? "
+                "WHERE bucket = ? AND key = ?",
+                (now_s, meta.bucket, meta.key),
+            )
+            return True
+
+        return await self._write(op)
+
+    async def mark_corrupt(self, obj: LocalObject, error: str) -> list[str] | None:
+        """A local body no longer matches its digest. A ``durable`` row is dropped (the
+        upstream holds the good bytes; reads go there) and its blob ids are returned for
+        the caller to unlink after this returns. An unflushed row becomes ``failed`` with
+        ``error`` (never flushed as good; returns []). None if the row changed meanwhile."""
+
+        def op(conn: sqlite3.Connection) -> list[str] | None:
+            ident = (obj.meta.bucket, obj.meta.key, obj.seq)
+            row = conn.execute(
+                "SELECT state, blob_id, parts FROM objects WHERE bucket = ? AND key = ? "
+                "AND seq = ?",
+                ident,
+            ).fetchone()
+            if row is None:
+                return None
+            if row[0] == FlushState.DURABLE.value:
+                conn.execute("DELETE FROM objects WHERE bucket = ? AND key = ? AND seq = ?", ident)
+                return _blob_ids(row[1], row[2])
+            conn.execute(
+                "UPDATE objects SET state = 'failed', last_error = ? "
+                "WHERE bucket = ? AND key = ? AND seq = ?",
+                (error, *ident),
+            )
+            return []
+
+        result = await self._write(op)
+        await self._notify()
+        return result
 
     async def run_write(self, op: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``op`` in the group-commit writer (for store-internal collaborators)."""
@@ -667,9 +746,13 @@ def _stats(conn: sqlite3.Connection) -> Stats:
         oldest_acked_s=min(oldest) if oldest else None,
     )
     counters = dict(conn.execute("SELECT name, value FROM counters"))
-    cached = conn.execute(
-        "SELECT COALESCE(SUM(size_bytes), 0) FROM objects WHERE is_delete = 0"
-    ).fetchone()[0]
+    # Every local body byte: object versions and parts of uploads still open.
+    cached = (
+        conn.execute(
+            "SELECT COALESCE(SUM(size_bytes), 0) FROM objects WHERE is_delete = 0"
+        ).fetchone()[0]
+        + conn.execute("SELECT COALESCE(SUM(size_bytes), 0) FROM parts").fetchone()[0]
+    )
     return Stats(
         backlog,
         int(counters.get("flushed_objects", 0)),
@@ -748,6 +831,23 @@ def _blob_ids(blob_id: str | None, parts: str | None) -> list[str]:
     if parts:
         return [str(p[0]) for p in json.loads(parts)]
     return [blob_id] if blob_id else []
+
+
+def blob_ids_of(blob_id: str | None, parts: str | None) -> list[str]:
+    """The blob ids of a row, from its ``blob_id`` and ``parts`` columns."""
+    return _blob_ids(blob_id, parts)
+
+
+# Guarded migrations: each adds what an older data directory lacks, and is a no-op after.
+_ADDED_COLUMNS = (("objects", "accessed_s", "REAL"),)  # last read (wall), for LRU eviction
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring an older journal's schema up to date (idempotent; runs at every open)."""
+    for table, column, decl in _ADDED_COLUMNS:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 
 def referenced_blobs(conn: sqlite3.Connection) -> set[str]:

@@ -73,6 +73,11 @@ class GroupWriter:
                     results.append((True, op(conn)))
                     conn.execute("RELEASE op")
                 except Exception as exc:  # the operation's own failure, reported to its caller
+                    if not conn.in_transaction:
+                        # SQLite itself rolled the whole transaction back (SQLITE_FULL,
+                        # SQLITE_IOERR): the savepoint is gone and so is the group's work;
+                        # every caller gets this cause (below), not "no such savepoint".
+                        raise
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
                     results.append((False, exc))

@@ -249,6 +249,13 @@ async def get_object(
         await response.prepare(request)
         async for piece in chunks:
             await response.write(piece)
+    except Exception:
+        # The status line and Content-Length are gone: the only honest signal left is a
+        # body cut short. Close the connection so the client sees it at once (a failed
+        # digest check of a local body, an upstream dying mid-stream) instead of waiting.
+        if response.prepared and request.transport is not None:
+            request.transport.close()
+        raise
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
     await response.write_eof()

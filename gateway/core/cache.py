@@ -1,0 +1,191 @@
+"""The local cache's read side: capacity admission for writes, read-through fills, and
+integrity checks of local bodies while they are served.
+
+- ``admission``: the capacity reservation every write that brings new bytes takes first
+  (PutObject, UploadPart, CopyObject); a refusal is ``503 SlowDown``.
+- ``CacheFill``: a full-object read-through GET is copied into a new blob *while* it is
+  served. The client never waits for the cache: pieces go through a bounded queue, and a
+  full queue (slow disk) abandons the copy instead of blocking. The copy is committed as a
+  ``durable`` row only if every byte arrived and its MD5 equals the (non-multipart) ETag.
+- ``read_verified``: streams a whole local object while hashing each body file against
+  its recorded MD5, holding back the last piece until the check passed, so a client never
+  receives a complete corrupt body: on a mismatch the stream raises instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import BinaryIO
+
+from gateway import metrics
+from gateway.clock import Clock
+from gateway.errors import InternalError
+from gateway.models import ObjectMeta
+from gateway.store.blobs import BlobStore
+from gateway.store.journal import Journal
+from gateway.store.space import CacheSpace, Grant
+
+log = logging.getLogger(__name__)
+
+_FILL_QUEUE_PIECES = 16  # x 1 MiB upstream pieces: memory bound of one fill
+_READ_PIECE_BYTES = 1 << 20
+
+
+@contextlib.asynccontextmanager
+async def admission(space: CacheSpace | None, size_bytes: int) -> AsyncIterator[Grant | None]:
+    """Reserve ``size_bytes`` for a write (SlowDown when it does not fit); no-op without a
+    space (unit tests of other behaviour)."""
+    if space is None:
+        yield None
+        return
+    async with space.admit(size_bytes) as grant:
+        yield grant
+
+
+class CacheFills:
+    """Owner of the read-through fill tasks (each outlives its request by the commit).
+
+    Contract: a fill MUST NOT slow its client down, MUST NOT commit a body that is not
+    complete and MD5-equal to the upstream ETag, and MUST NOT replace a local row (a local
+    write or delete during the GET wins). ``close`` cancels fills still running.
+    """
+
+    def __init__(
+        self, journal: Journal, blobs: BlobStore, space: CacheSpace | None, clock: Clock
+    ) -> None:
+        self._journal = journal
+        self._blobs = blobs
+        self._space = space
+        self._clock = clock
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._space is not None
+
+    def wants(self, meta: ObjectMeta, max_object_bytes: int) -> bool:
+        """Whether a full GET of ``meta`` should be copied into the cache."""
+        if self._space is None or "-" in meta.etag or len(meta.etag) != 32:
+            return False  # multipart ETag: no MD5 of the whole body to check against
+        return meta.size_bytes <= max_object_bytes and self._space.fits_cache(meta.size_bytes)
+
+    def tee(self, meta: ObjectMeta, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Serve ``chunks`` and copy them into the cache on the side. The caller MUST hold a
+        journal ``watch`` on the key (taken before the upstream GET); the fill releases it."""
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(_FILL_QUEUE_PIECES)
+        task = asyncio.create_task(self._fill(meta, queue), name=f"fill {meta.key}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        # Also when the task is cancelled before it ever ran.
+        task.add_done_callback(lambda _: self._journal.unwatch(meta.bucket, meta.key))
+        return _tee(chunks, queue, task)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _fill(self, meta: ObjectMeta, queue: asyncio.Queue[bytes | None]) -> None:
+        try:
+            blob = await self._blobs.write(_drain(queue), {"md5"})
+        except Exception as exc:  # the copy is optional: the client got its bytes anyway
+            log.debug("read-through copy of %s/%s not kept: %s", meta.bucket, meta.key, exc)
+            return
+        is_whole = blob.size_bytes == meta.size_bytes and blob.digests["md5"].hex() == meta.etag
+        kept = False
+        try:
+            if is_whole:
+                kept = await self._journal.commit_cached(meta, blob.blob_id, self._clock.wall())
+        except Exception as exc:  # e.g. disk full: the copy is optional
+            log.debug("read-through copy of %s/%s not kept: %s", meta.bucket, meta.key, exc)
+        finally:
+            if not kept:
+                await asyncio.shield(self._blobs.discard([blob.blob_id]))
+        if not is_whole:
+            log.warning("read-through copy of %s/%s did not match its ETag", meta.bucket, meta.key)
+        if kept:
+            metrics.READTHROUGH_CACHED.inc()
+            if self._space is not None:
+                self._space.note_cached(meta.size_bytes)  # may pass the high watermark
+
+
+class _Abandoned(Exception):
+    """The fill fell behind the client (or the client left): drop the copy."""
+
+
+async def _drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    while (piece := await queue.get()) is not None:
+        yield piece
+
+
+async def _tee(
+    chunks: AsyncIterator[bytes], queue: asyncio.Queue[bytes | None], task: asyncio.Task[None]
+) -> AsyncIterator[bytes]:
+    is_complete = False
+    try:
+        async for piece in chunks:
+            if not task.done():
+                try:
+                    queue.put_nowait(piece)
+                except asyncio.QueueFull:
+                    task.cancel()  # the cache is slower than the client: never make it wait
+            yield piece
+        is_complete = True
+    finally:
+        if not task.done():
+            if is_complete:
+                try:
+                    queue.put_nowait(None)
+                except asyncio.QueueFull:
+                    task.cancel()
+            else:
+                task.cancel()  # a partial body is never committed
+        with contextlib.suppress(Exception):
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+
+# -- integrity of local bodies ---------------------------------------------------------------
+
+OnCorrupt = Callable[[str], Awaitable[None]]
+
+
+async def read_verified(
+    files: list[BinaryIO], expected_md5s: list[str], on_corrupt: OnCorrupt
+) -> AsyncIterator[bytes]:
+    """Stream each whole file in order, checking its MD5 against ``expected_md5s``.
+
+    One piece is always held back, so the last bytes of the object leave only after every
+    file matched; on a mismatch ``on_corrupt(message)`` runs and InternalError is raised
+    (the response is cut short: the client sees a truncated body, never a complete bad one).
+    """
+    held: bytes | None = None
+    try:
+        for index, (fobj, expected) in enumerate(zip(files, expected_md5s, strict=True)):
+            md5 = hashlib.md5()
+            while piece := await asyncio.to_thread(_read_hashing, fobj, md5):
+                if held is not None:
+                    yield held
+                held = piece
+            if md5.hexdigest() != expected:
+                message = (
+                    f"local corruption: body file {index + 1} of {len(files)} has MD5 "
+                    f"{md5.hexdigest()}, recorded {expected}"
+                )
+                await on_corrupt(message)
+                raise InternalError(message)
+        if held is not None:
+            yield held
+    finally:
+        for fobj in files:
+            with contextlib.suppress(OSError):
+                fobj.close()
+
+
+def _read_hashing(fobj: BinaryIO, md5: hashlib._Hash) -> bytes:
+    piece = fobj.read(_READ_PIECE_BYTES)
+    md5.update(piece)
+    return piece
