@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.http_exceptions import BadHttpMessage, ContentLengthError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 import gateway.s3.handlers  # noqa: F401  (registers every handler)
-from gateway.errors import BadRequest, RequestHeaderSectionTooLarge, S3Error
+from gateway.errors import BadRequest, IncompleteBody, RequestHeaderSectionTooLarge, S3Error
 from gateway.s3.dispatch import SERVICES, S3Services, dispatch
 from gateway.s3.metrics import write_metrics
 from gateway.s3.middleware import add_request_headers, s3_errors
@@ -52,7 +52,8 @@ def build_s3_app(services: S3Services) -> web.Application:
     )
     app[SERVICES] = services
     app.on_response_prepare.append(add_request_headers)
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    # [\s\S]: "." would not match a newline, and a key may hold one (%0A in the path).
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)
     return app
 
 
@@ -94,6 +95,8 @@ def parse_error(exc: BaseException | None) -> S3Error:
         isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)
     ):
         return RequestHeaderSectionTooLarge()
+    if isinstance(exc, ContentLengthError):  # the body ended before its Content-Length
+        return IncompleteBody()
     return BadRequest()
 
 

@@ -70,7 +70,7 @@ def raw_exchange(gw: Any, data: bytes, *, half_close: bool = False) -> tuple[int
 def raw_put(gw: Any, key: str, body: bytes, content_length: int, sha: str) -> bytes:
     """The bytes of a header-signed PUT whose Content-Length is ``content_length``."""
     req = sign_request("PUT", f"{gw.endpoint}/{BUCKET}/{key}", body=body, content_sha256=sha)
-    head = f"PUT /{BUCKET}/{key} HTTP/1.1\r\n"
+    head = f"PUT /{BUCKET}/{key} HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\n"
     for name, value in req.headers.items():
         if name.lower() != "content-length":
             head += f"{name}: {value}\r\n"
@@ -342,6 +342,13 @@ CASES = [
         "body/md5",
     ),
     Case(
+        "chunked-empty-body",
+        lambda g, u: chunked_put(g, "chunk/empty", b"", 0),
+        400,
+        "IncompleteBody",
+        "chunk/empty",
+    ),
+    Case(
         "chunked-bad-hex",
         lambda g, u: chunked_put(g, "chunk/hex", b"zz\r\nabc\r\n0\r\n\r\n", 3),
         400,
@@ -553,6 +560,7 @@ def test_content_length_shorter_than_body_never_stores_the_surplus(
         "nul\x00inside",
         "ctl\x01\x1f\x7f",
         "tmp/../blobs/x",
+        "new\nline",
         "%2e%2e/%2e%2e/decoy",
         "sp ace/\u00e9\u4e2d",
     ],
