@@ -14,7 +14,9 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "faults"), str(ROOT / "tests")]
@@ -77,20 +79,23 @@ def _properties(sandbox: Sandbox, upload_id: str, examples: int) -> dict[str, in
     )
     for name, (strategy, check) in props.items():
         counts[name] = 0
-
-        @config
-        @given(strategy)
-        def prop(value: object, name: str = name, check: object = check) -> None:
-            check(value)  # type: ignore[operator]
-            ok = signed(gw, "GET", f"/{BUCKET}/ranged")
-            assert ok.status == 200 and ok.body == OBJECT
-            sandbox.assert_contained()
-            counts[name] += 1
-
         started = time.monotonic()
-        prop()
+        config(given(strategy)(_property(sandbox, name, check, counts)))()
         print(f"{name}: {counts[name]} cases in {time.monotonic() - started:.0f}s", flush=True)
     return counts
+
+
+def _property(
+    sandbox: Sandbox, name: str, check: Callable[[Any], None], counts: dict[str, int]
+) -> Callable[[Any], None]:
+    def prop(value: Any) -> None:
+        check(value)
+        ok = signed(sandbox.gw, "GET", f"/{BUCKET}/ranged")
+        assert ok.status == 200 and ok.body == OBJECT
+        sandbox.assert_contained()
+        counts[name] += 1
+
+    return prop
 
 
 def main() -> int:
