@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint chart bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,15 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The whole suite; tests/deploy renders and lints helm/s3-gateway with Helm's own engine
+# (helm-python-sdk) and checks the Dockerfile statically. The status-page tests need
+# Debian's chromium (.ci/run installs it; locally they skip without it).
 test: lint
 	$(BIN)/pytest -q -ra $(PYTEST_ARGS)
+
+# Just the deployment artefacts: chart lint + render checks, Dockerfile checks.
+chart: $(STAMP)
+	$(BIN)/pytest -q -ra tests/deploy
 
 bench: $(STAMP)
 	$(BIN)/python loadtest/ack_latency.py

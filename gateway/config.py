@@ -155,6 +155,13 @@ class Settings:
     # file names are access keys and contents secrets; re-read when it changes.
     credentials_file: Path | None = None
 
+    # --- logs (issue 6) ---
+    # text: one human line per record; json: one JSON object per line (log shippers).
+    log_format: str = "text"
+    # One line per S3 request (Combined log format + request id, operation, bytes, duration)
+    # on the ``gateway.access`` logger; signatures and credentials are never in it.
+    access_log: bool = True
+
     @property
     def fsync(self) -> bool:
         return self.durability == "fsync"
@@ -201,6 +208,9 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "tls_key": (Path, "PEM private key for --tls-cert"),
     "demo_bucket": (str, "bucket created in the embedded demo upstream"),
     "log_level": (_choice("debug", "info", "warning", "error"), "log level"),
+    # --- logs (issue 6) ---
+    "log_format": (_choice("text", "json"), "log format: text or json (one object a line)"),
+    "access_log": (_bool, "log one line per S3 request (true/false)"),
     # --- Hostile input, admin auth and client credentials (tests/faults) ---
     "max_header_size_bytes": (parse_size, "largest request header section (e.g. 16KiB)"),
     "max_line_size_bytes": (parse_size, "largest request line: method, path and query"),

@@ -9,6 +9,7 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from gateway import metrics as gm
+from gateway.admin import page
 from gateway.admin.auth import bearer_auth
 from gateway.clock import Clock
 from gateway.flush.flusher import Flusher
@@ -210,4 +211,6 @@ def build_admin_app(services: AdminServices) -> web.Application:
     app.router.add_post("/admin/v1/flush/resume", flush_resume)
     app.router.add_post("/admin/v1/flush/retry", flush_retry)
     app.router.add_get("/metrics", metrics)
+    # The status page at / and the flush history it charts (issue 6).
+    page.install(app, services.journal, services.clock)
     return app

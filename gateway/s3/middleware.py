@@ -7,18 +7,19 @@ plain ``InternalError`` (never a traceback).
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import secrets
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gateway import logs
 from gateway.errors import InternalError, S3Error
 from gateway.s3.xml import error_document
 
 log = logging.getLogger(__name__)
-REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+# The same context variable the log formatters read (gateway.logs).
+REQUEST_ID = logs.REQUEST_ID
 _REQUEST_ID_KEY = "request_id"
 
 

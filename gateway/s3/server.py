@@ -3,8 +3,8 @@
 Requests aiohttp's own HTTP parser refuses (a header line over ``max_field_size``, more than
 ``max_headers`` headers, a request line over ``max_line_size``, broken framing) never reach
 the middlewares, so aiohttp would answer them with a plain-text 400. ``build_s3_runner``
-swaps in a request handler that renders those as S3 XML errors too, and an access logger
-that never writes a query string (presigned URLs carry their signature there).
+swaps in a request handler that renders those as S3 XML errors too. aiohttp's own access log
+is off: ``gateway.s3.access`` logs every request with presigned signatures redacted.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import secrets
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import BadHttpMessage, ContentLengthError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 import gateway.s3.handlers  # noqa: F401  (registers every handler)
 from gateway.errors import BadRequest, IncompleteBody, RequestHeaderSectionTooLarge, S3Error
+from gateway.s3.access import access_log
 from gateway.s3.dispatch import SERVICES, S3Services, dispatch
 from gateway.s3.metrics import write_metrics
 from gateway.s3.middleware import add_request_headers, s3_errors
@@ -46,9 +46,11 @@ class HttpLimits:
 
 def build_s3_app(services: S3Services) -> web.Application:
     # client_max_size only bounds read()/post(); bodies are streamed, never read whole.
-    # s3_errors outermost: a write that raises an S3Error is rendered, not recorded.
+    # access_log outermost (it sees the rendered status); then s3_errors, so a write that
+    # raises an S3Error is rendered, not recorded.
     app = web.Application(
-        middlewares=[s3_errors, write_metrics(services.clock)], client_max_size=1 << 20
+        middlewares=[access_log, s3_errors, write_metrics(services.clock)],
+        client_max_size=1 << 20,
     )
     app[SERVICES] = services
     app.on_response_prepare.append(add_request_headers)
@@ -66,27 +68,11 @@ def build_s3_runner(
         handle_signals=False,
         shutdown_timeout=shutdown_timeout_s,
         auto_decompress=False,
-        access_log_class=PathOnlyAccessLogger,
+        access_log=None,  # gateway.s3.access logs each request (signatures redacted)
         max_line_size=limits.max_line_bytes,
         max_field_size=limits.max_field_bytes,
         max_headers=limits.max_headers,
     )
-
-
-class PathOnlyAccessLogger(AbstractAccessLogger):
-    """One access-log line per request, with the path but never the query string or headers:
-    a presigned URL's ``X-Amz-Signature`` and an ``Authorization`` value must not be logged."""
-
-    def log(self, request: BaseRequest, response: web.StreamResponse, time: float) -> None:
-        self.logger.info(
-            "%s %s %s -> %d %s bytes in %.1f ms",
-            request.remote,
-            request.method,
-            request.path,
-            response.status,
-            response.body_length,
-            time * 1000,
-        )
 
 
 def parse_error(exc: BaseException | None) -> S3Error:

@@ -192,7 +192,7 @@ def test_no_secret_in_debug_log(gateway_factory: Any, bucket: str, tmp_path: Pat
     assert "SignatureDoesNotMatch" in log and "DEBUG" in log  # the log did capture those
     leaked = [s for s in secrets | presigned_sigs | capture.values | streamed if s in log]
     assert leaked == []
-    assert "Authorization" not in log and "X-Amz-Signature" not in log
+    assert "Authorization" not in log  # (X-Amz-Signature=REDACTED may appear: the name only)
 
 
 def _signed_streaming_put(gw: GatewayProcess, bucket: str) -> set[str]:

@@ -1,0 +1,360 @@
+"""Operator commands that talk to a running gateway's admin API: ``status`` and ``drain``.
+
+Only the standard library is used (urllib), so these commands work in a minimal image and
+from a Kubernetes preStop hook. Exit codes (scripts and the Helm chart rely on them):
+
+- 0: ``status`` printed; ``drain`` found everything drained.
+- 1: the admin API could not be reached (or answered an HTTP error).
+- 3: ``drain`` gave up: something was still pending when ``--timeout`` passed
+  (or, without ``--wait``, at the moment of the call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+DEFAULT_ADMIN = "http://127.0.0.1:9001"
+EXIT_OK, EXIT_UNREACHABLE, EXIT_NOT_DRAINED = 0, 1, 3
+# One drain poll blocks server-side at most this long, so progress refreshes about as often.
+_POLL_S = 1.0
+# Without a TTY a progress line is printed this often (a log, not an animation).
+_PLAIN_EVERY_S = 10.0
+_BAR_WIDTH = 30
+
+
+class AdminError(RuntimeError):
+    """The admin API could not be reached or answered an HTTP error."""
+
+
+def add_arguments(sub: Any) -> None:
+    """Register ``status`` and ``drain`` on an argparse sub-parsers object."""
+    admin_help = f"admin URL [env GATEWAY_ADMIN, default {DEFAULT_ADMIN}]"
+    token_help = "bearer token for the admin API [env GATEWAY_ADMIN_TOKEN]"
+    file_help = "file holding that token [env GATEWAY_ADMIN_TOKEN_FILE]"
+    status = sub.add_parser("status", help="print the drain status as a table")
+    status.add_argument("--admin", default=None, help=admin_help)
+    status.add_argument("--admin-token", default=None, help=token_help)
+    status.add_argument("--admin-token-file", default=None, help=file_help)
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    drain = sub.add_parser("drain", help="wait until acknowledged writes are durable upstream")
+    drain.add_argument("--admin", default=None, help=admin_help)
+    drain.add_argument("--admin-token", default=None, help=token_help)
+    drain.add_argument("--admin-token-file", default=None, help=file_help)
+    drain.add_argument("--bucket", default=None)
+    drain.add_argument("--prefix", default="")
+    drain.add_argument("--wait", action="store_true", help="block until drained or timeout")
+    drain.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (with --wait)")
+    drain.add_argument(
+        "--progress",
+        choices=("auto", "bar", "plain", "none"),
+        default="auto",
+        help="progress on stderr: bar on a TTY, plain lines otherwise (auto)",
+    )
+
+
+# --------------------------------------------------------------------------- admin client
+
+
+@dataclass(frozen=True, slots=True)
+class AdminClient:
+    """A blocking JSON client of the admin API (stdlib only)."""
+
+    base_url: str
+    token: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> AdminClient:
+        """Flags beat env: ``--admin``/``GATEWAY_ADMIN``; the token from ``--admin-token``,
+        ``--admin-token-file``, ``GATEWAY_ADMIN_TOKEN``, ``GATEWAY_ADMIN_TOKEN_FILE`` (the
+        first one set). Raises AdminError when the token file cannot be read."""
+        url = args.admin or os.environ.get("GATEWAY_ADMIN") or DEFAULT_ADMIN
+        token = getattr(args, "admin_token", None)
+        token_file = getattr(args, "admin_token_file", None)
+        if not token and not token_file:
+            token = os.environ.get("GATEWAY_ADMIN_TOKEN")
+            token_file = os.environ.get("GATEWAY_ADMIN_TOKEN_FILE")
+        if not token and token_file:
+            try:
+                with open(token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            except OSError as exc:
+                raise AdminError(f"admin token file: {exc}") from exc
+        return cls(url.rstrip("/"), token or None)
+
+    def get(self, path: str, query: dict[str, str] | None = None, timeout_s: float = 10) -> Any:
+        """GET ``path`` and decode its JSON body. Raises AdminError on any failure."""
+        url = self.base_url + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        request = urllib.request.Request(url)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                return json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise AdminError(f"{url.split('?')[0]}: {exc}") from exc
+
+    def status(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.get("/admin/v1/status")
+        return data
+
+    def drain(self, bucket: str | None, prefix: str, wait_s: float) -> dict[str, Any]:
+        """One drain fence; blocks server-side up to ``wait_s`` (0: answer at once)."""
+        query = {"prefix": prefix, "wait": "true" if wait_s > 0 else "false"}
+        query["timeout"] = f"{wait_s:.3f}"
+        if bucket:
+            query["bucket"] = bucket
+        data: dict[str, Any] = self.get("/admin/v1/drain", query, timeout_s=wait_s + 30)
+        return data
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KiB``; binary units, as the size flags use."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float | None) -> str:
+    """``None`` -> ``-``; ``75`` -> ``1m15s``; ``3725`` -> ``1h02m``."""
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-aligned first columns, right-aligned numbers (the last columns)."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        out = [cells[0].ljust(widths[0]), cells[1].ljust(widths[1])]
+        out += [c.rjust(w) for c, w in zip(cells[2:], widths[2:], strict=True)]
+        return "  ".join(out).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def flush_rate(samples: list[dict[str, Any]], span_s: float = 60.0) -> float | None:
+    """Bytes/s flushed over the last ``span_s`` of ``/admin/v1/history`` samples (oldest
+    first); None with fewer than two samples in the span."""
+    if len(samples) < 2:
+        return None
+    last = samples[-1]
+    first = next((s for s in samples if last["t"] - s["t"] <= span_s), last)
+    elapsed = float(last["t"]) - float(first["t"])
+    if elapsed <= 0:
+        return None
+    return max(0.0, (int(last["flushed_bytes"]) - int(first["flushed_bytes"])) / elapsed)
+
+
+def format_status(data: dict[str, Any], rate_bytes_per_s: float | None = None) -> str:
+    """The ``gateway status`` table: totals (with the last minute's flush rate, when
+    known, and the ETA it gives), then one row per lane."""
+    capacity = data.get("cache_capacity_bytes") or 0
+    used = data.get("cache_used_bytes") or 0
+    share = f" ({100 * used / capacity:.0f}%)" if capacity else ""
+    rows = [
+        ("flush state", str(data["flush_state"])),
+        ("pending", f"{data['pending_objects']} objects, {human_bytes(data['pending_bytes'])}"),
+        ("flushing", f"{data.get('flushing_objects', 0)} objects"),
+        ("flushed", f"{data['flushed_objects']} objects, {human_bytes(data['flushed_bytes'])}"),
+        ("flush rate", _rate_text(rate_bytes_per_s, data["pending_bytes"])),
+        ("failed", f"{data['failed_objects']} objects"),
+        ("oldest pending", human_duration(data["oldest_pending_seconds"])),
+        ("cache", f"{human_bytes(used)} of {human_bytes(capacity)}{share}"),
+        ("503 throttles", str(data.get("throttled", 0))),
+    ]
+    if data.get("last_error"):
+        rows.append(("last error", str(data["last_error"])))
+    out = [f"{name:<16}{value}" for name, value in rows]
+    lanes = data.get("lanes") or []
+    if lanes:
+        header = ["bucket", "prefix", "objects", "bytes", "in flight", "rate/s", "503s"]
+        cells = [
+            [
+                str(lane["bucket"]),
+                str(lane["prefix"] or "/"),
+                str(lane["pending_objects"]),
+                human_bytes(lane["pending_bytes"]),
+                str(lane.get("in_flight", 0)),
+                f"{lane.get('rate_limit_per_s', 0):g}",
+                str(lane.get("throttled_503", 0)),
+            ]
+            for lane in lanes
+        ]
+        out += ["", *_table(header, cells)]
+    else:
+        out += ["", "no lane has anything pending"]
+    return "\n".join(out) + "\n"
+
+
+def _rate_text(rate_bytes_per_s: float | None, pending_bytes: int) -> str:
+    if rate_bytes_per_s is None:
+        return "-"
+    text = f"{human_bytes(rate_bytes_per_s)}/s over the last minute"
+    if pending_bytes and rate_bytes_per_s > 0:
+        text += f", ETA {human_duration(pending_bytes / rate_bytes_per_s)}"
+    return text
+
+
+# --------------------------------------------------------------------------- drain progress
+
+
+@dataclass(slots=True)
+class DrainProgress:
+    """Bytes left, flush rate and ETA of one drain, from successive polls.
+
+    The rate is an exponentially weighted average of how fast the pending bytes fell
+    between polls (new writes arriving meanwhile make it look slower, which is the truth
+    that matters for an ETA).
+    """
+
+    started_s: float
+    first_bytes: int | None = None
+    last_bytes: int | None = None
+    last_s: float | None = None
+    rate_bytes_per_s: float | None = None
+
+    def update(self, now_s: float, pending_bytes: int) -> None:
+        if self.first_bytes is None:
+            self.first_bytes = pending_bytes
+        if self.last_bytes is not None and self.last_s is not None and now_s > self.last_s:
+            sample = max(0.0, (self.last_bytes - pending_bytes) / (now_s - self.last_s))
+            prev = self.rate_bytes_per_s
+            self.rate_bytes_per_s = sample if prev is None else 0.7 * prev + 0.3 * sample
+        self.last_bytes, self.last_s = pending_bytes, now_s
+
+    def eta_s(self) -> float | None:
+        if not self.last_bytes:
+            return 0.0 if self.last_bytes == 0 else None
+        if not self.rate_bytes_per_s:
+            return None
+        return self.last_bytes / self.rate_bytes_per_s
+
+    def line(self, pending_objects: int, note: str = "") -> str:
+        """One progress line: ``[####----] 42% 1.2 GiB left, 300.0 MiB/s, ETA 4s``."""
+        left = self.last_bytes or 0
+        total = max(self.first_bytes or 0, left)
+        done = 1.0 if total == 0 else 1.0 - left / total
+        filled = round(done * _BAR_WIDTH)
+        bar = "#" * filled + "-" * (_BAR_WIDTH - filled)
+        rate = "-" if self.rate_bytes_per_s is None else human_bytes(self.rate_bytes_per_s) + "/s"
+        text = (
+            f"[{bar}] {done * 100:3.0f}% {human_bytes(left)} left in {pending_objects} objects,"
+            f" {rate}, ETA {human_duration(self.eta_s())}"
+        )
+        return text + (f" ({note})" if note else "")
+
+
+class ProgressSink:
+    """Where progress lines go: redrawn in place on a TTY, periodic lines otherwise."""
+
+    def __init__(self, stream: TextIO, mode: str, clock: Callable[[], float]) -> None:
+        if mode == "auto":
+            mode = "bar" if stream.isatty() else "plain"
+        self.stream, self.mode, self.clock = stream, mode, clock
+        self._last_plain_s: float | None = None
+
+    def show(self, text: str, *, final: bool = False) -> None:
+        if self.mode == "bar":
+            self.stream.write("\r\x1b[2K" + text + ("\n" if final else ""))
+        elif self.mode == "plain":
+            now = self.clock()
+            due = self._last_plain_s is None or now - self._last_plain_s >= _PLAIN_EVERY_S
+            if not (due or final):
+                return
+            self._last_plain_s = now
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """``gateway status``: the table (or ``--json``); 1 when the admin API is unreachable."""
+    try:
+        admin = AdminClient.from_args(args)
+        data = admin.status()
+    except AdminError as exc:
+        sys.stderr.write(f"gateway status: cannot reach the admin API: {exc}\n")
+        return EXIT_UNREACHABLE
+    if args.json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return EXIT_OK
+    try:
+        rate = flush_rate(admin.get("/admin/v1/history")["samples"])
+    except (AdminError, KeyError, TypeError):
+        rate = None  # an older gateway without the history endpoint: no rate row value
+    sys.stdout.write(format_status(data, rate))
+    return EXIT_OK
+
+
+def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monotonic) -> int:
+    """``gateway drain``: 0 drained, 3 still pending at the deadline, 1 unreachable.
+
+    Without ``--wait`` one fence is asked once. With ``--wait`` the fence is asked
+    repeatedly with a short server-side wait, so progress is shown between polls; every
+    poll is a new fence, so writes acknowledged while the drain runs are waited for too.
+    The last drain answer is printed as one JSON line on stdout.
+    """
+    try:
+        admin = AdminClient.from_args(args)
+    except AdminError as exc:
+        sys.stderr.write(f"gateway drain: {exc}\n")
+        return EXIT_UNREACHABLE
+    sink = ProgressSink(sys.stderr, "none" if not args.wait else args.progress, clock)
+    progress = DrainProgress(started_s=clock())
+    deadline_s = progress.started_s + max(0.0, args.timeout)
+    try:
+        data = admin.drain(args.bucket, args.prefix, 0.0)
+        while args.wait and not data["drained"]:
+            progress.update(clock(), data["pending_bytes"])
+            sink.show(progress.line(data["pending_objects"], _note(admin)))
+            left_s = deadline_s - clock()
+            if left_s <= 0:
+                break
+            data = admin.drain(args.bucket, args.prefix, min(_POLL_S, left_s))
+    except AdminError as exc:
+        sys.stderr.write(f"gateway drain: cannot reach the admin API: {exc}\n")
+        return EXIT_UNREACHABLE
+    progress.update(clock(), data["pending_bytes"])
+    if args.wait:
+        verdict = "drained" if data["drained"] else "timed out"
+        sink.show(progress.line(data["pending_objects"], verdict), final=True)
+    sys.stdout.write(json.dumps(data) + "\n")
+    return EXIT_OK if data["drained"] else EXIT_NOT_DRAINED
+
+
+def _note(admin: AdminClient) -> str:
+    """Why a drain may not progress: the flusher paused, or objects failed."""
+    try:
+        status = admin.status()
+    except AdminError:
+        return ""
+    notes = []
+    if status.get("flush_state") == "paused":
+        notes.append("flusher paused")
+    if status.get("failed_objects"):
+        notes.append(f"{status['failed_objects']} failed")
+    return ", ".join(notes)

@@ -1,0 +1,280 @@
+"""helm/s3-gateway, rendered and linted by Helm's own engine (helm-python-sdk: Helm v4's Go
+library over ctypes; no helm binary, no cluster). The rendered manifests are checked for
+the properties the chart promises in values.yaml."""
+
+from __future__ import annotations
+
+import base64
+import copy
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from gateway import config
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "s3-gateway"
+CI_VALUES: dict[str, Any] = yaml.safe_load((CHART / "ci" / "test-values.yaml").read_text())
+# GATEWAY_* variables read by `gateway status|drain` (the CLI), not by `gateway serve`.
+CLI_ENV = {"GATEWAY_ADMIN", "GATEWAY_ADMIN_TOKEN_FILE"}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def render(**over: Any) -> dict[str, list[dict[str, Any]]]:
+    """Manifests by kind, from the CI values with ``over`` merged in."""
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render(values=_merge(CI_VALUES, over), name="gw", namespace="ml")
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for name, text in files.items():
+        if not name.endswith(".yaml"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                by_kind.setdefault(doc["kind"], []).append(doc)
+    return by_kind
+
+
+def render_error(**over: Any) -> str:
+    with pytest.raises(helm.HelmRenderError) as exc, helm.Chart.load(CHART) as chart:
+        chart.render(values=_merge(CI_VALUES, over), name="gw", namespace="ml")
+    return str(exc.value)
+
+
+def pod_spec(manifests: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    (daemonset,) = manifests["DaemonSet"]
+    spec: dict[str, Any] = daemonset["spec"]["template"]["spec"]
+    return spec
+
+
+def gateway_container(manifests: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    (container,) = [c for c in pod_spec(manifests)["containers"] if c["name"] == "gateway"]
+    return container
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_lint_is_clean_with_ci_values() -> None:
+    report = helm.lint(CHART, CI_VALUES, strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+    assert report["total_charts_linted"] == 1
+
+
+def test_defaults_refuse_to_render_without_upstream_and_credentials() -> None:
+    assert "upstream.endpoint is required" in render_error(upstream={"endpoint": ""})
+    message = render_error(clientCredentials={"accessKey": "", "secretKey": ""})
+    assert "clientCredentials.existingSecret" in message
+
+
+def test_default_kinds() -> None:
+    manifests = render()
+    assert sorted(manifests) == ["DaemonSet", "Secret", "Service", "ServiceAccount"]
+    assert len(manifests["Secret"]) == 2  # client credentials and the admin token
+
+
+def test_probes_on_the_admin_port() -> None:
+    c = gateway_container(render())
+    ports = {p["name"]: p for p in c["ports"]}
+    assert ports["admin"]["containerPort"] == 9001 and "hostPort" not in ports["admin"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    env = env_of(c)
+    # httpGet probes reach the pod IP: the admin listener must not be loopback-only.
+    assert env["GATEWAY_ADMIN_LISTEN"] == "0.0.0.0:9001"
+    assert env["GATEWAY_ADMIN"] == "http://127.0.0.1:9001"
+
+
+def test_prestop_drain_and_grace_period() -> None:
+    manifests = render()
+    c = gateway_container(manifests)
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:4] == ["gateway", "drain", "--wait", "--timeout"]
+    assert int(command[4]) == 600
+    grace = pod_spec(manifests)["terminationGracePeriodSeconds"]
+    assert grace == 600 + 30 + 30  # preStop drain + shutdown drain + margin
+    custom = render(drain={"timeoutSeconds": 120}, terminationGracePeriodSeconds=200)
+    assert pod_spec(custom)["terminationGracePeriodSeconds"] == 200
+    assert gateway_container(custom)["lifecycle"]["preStop"]["exec"]["command"][4] == "120"
+
+
+def test_grace_period_not_above_the_drains_is_refused() -> None:
+    message = render_error(drain={"timeoutSeconds": 600}, terminationGracePeriodSeconds=630)
+    assert "terminationGracePeriodSeconds (630) must exceed" in message
+    assert "(630)" in message and "mid-drain" in message
+
+
+def test_drain_disabled_removes_the_hook() -> None:
+    manifests = render(drain={"enabled": False})
+    assert "lifecycle" not in gateway_container(manifests)
+    assert pod_spec(manifests)["terminationGracePeriodSeconds"] == 30 + 30
+
+
+def test_data_on_host_path_with_permission_fix() -> None:
+    spec = pod_spec(render())
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["data"]["hostPath"] == {
+        "path": "/mnt/nvme/s3-gateway",
+        "type": "DirectoryOrCreate",
+    }
+    (init,) = spec["initContainers"]
+    assert init["command"] == ["chown", "10001:10001", "/var/lib/gateway"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    mounts = {m["name"]: m["mountPath"] for m in gateway_container(render())["volumeMounts"]}
+    assert mounts["data"] == "/var/lib/gateway"
+    assert env_of(gateway_container(render()))["GATEWAY_DATA_DIR"].startswith(mounts["data"])
+
+
+def test_ephemeral_data_volume() -> None:
+    spec = pod_spec(
+        render(data={"type": "ephemeral", "ephemeral": {"storageClass": "nvme", "size": "1Ti"}})
+    )
+    assert "initContainers" not in spec
+    data = next(v for v in spec["volumes"] if v["name"] == "data")
+    claim = data["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["storageClassName"] == "nvme"
+    assert claim["resources"]["requests"]["storage"] == "1Ti"
+    assert "data.type must be" in render_error(data={"type": "nfs"})
+
+
+def test_security_context_and_resources() -> None:
+    manifests = render()
+    spec, c = pod_spec(manifests), gateway_container(manifests)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == 10001
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert c["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
+    # A read-only root needs a writable /tmp.
+    assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/tmp", "/var/lib/gateway"}
+
+
+def test_node_local_access_host_port_service_or_host_network() -> None:
+    manifests = render()
+    s3_port = next(p for p in gateway_container(manifests)["ports"] if p["name"] == "s3")
+    assert s3_port["hostPort"] == 9000
+    (service,) = manifests["Service"]
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    assert {p["name"] for p in service["spec"]["ports"]} == {"s3", "admin"}
+    no_host_port = render(s3={"hostPort": 0}, service={"enabled": False})
+    assert "Service" not in no_host_port
+    assert all("hostPort" not in p for p in gateway_container(no_host_port)["ports"])
+    host_net = render(hostNetwork=True)
+    assert pod_spec(host_net)["hostNetwork"] is True
+    assert pod_spec(host_net)["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert all("hostPort" not in p for p in gateway_container(host_net)["ports"])
+
+
+def test_placement_values() -> None:
+    spec = pod_spec(
+        render(
+            nodeSelector={"nvidia.com/gpu.present": "true"},
+            tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        )
+    )
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_client_credentials_created_or_existing() -> None:
+    manifests = render()
+    client = next(s for s in manifests["Secret"] if s["metadata"]["name"] == "gw-s3-gateway-client")
+    assert base64.b64decode(client["data"]["secretKey"]) == b"ci-secret-key"
+    env = env_of(gateway_container(manifests))
+    assert env["GATEWAY_SECRET_KEY"] == {
+        "secretKeyRef": {"name": "gw-s3-gateway-client", "key": "secretKey"}
+    }
+    existing = render(
+        clientCredentials={"existingSecret": "job-keys", "accessKey": "", "secretKey": ""}
+    )
+    names = [s["metadata"]["name"] for s in existing["Secret"]]
+    assert "gw-s3-gateway-client" not in names
+    assert env_of(gateway_container(existing))["GATEWAY_ACCESS_KEY"] == {
+        "secretKeyRef": {"name": "job-keys", "key": "accessKey"}
+    }
+
+
+def test_upstream_credentials_irsa_or_secret() -> None:
+    role = {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/gw"}
+    manifests = render(serviceAccount={"annotations": role})
+    (account,) = manifests["ServiceAccount"]
+    assert account["metadata"]["annotations"] == role
+    assert pod_spec(manifests)["serviceAccountName"] == account["metadata"]["name"]
+    assert "envFrom" not in gateway_container(manifests)
+    with_secret = gateway_container(render(upstream={"existingSecret": "upstream-keys"}))
+    assert with_secret["envFrom"] == [{"secretRef": {"name": "upstream-keys"}}]
+
+
+def test_admin_token_secret_mounted_for_the_cli() -> None:
+    manifests = render()
+    admin = next(s for s in manifests["Secret"] if s["metadata"]["name"] == "gw-s3-gateway-admin")
+    assert len(base64.b64decode(admin["data"]["token"])) == 40
+    env = env_of(gateway_container(manifests))
+    assert env["GATEWAY_ADMIN_TOKEN_FILE"] == "/etc/s3-gateway/admin/token"
+    volume = next(v for v in pod_spec(manifests)["volumes"] if v["name"] == "admin-token")
+    assert volume["secret"]["secretName"] == "gw-s3-gateway-admin"
+    off = render(admin={"token": {"create": False}})
+    assert "GATEWAY_ADMIN_TOKEN_FILE" not in env_of(gateway_container(off))
+    assert len(off["Secret"]) == 1
+
+
+def test_limits_and_capacity_reach_the_gateway_as_real_options() -> None:
+    env = env_of(
+        gateway_container(
+            render(
+                gateway={
+                    "capacity": "800GiB",
+                    "flushBandwidth": "2GiB",
+                    "laneRate": "1000",
+                    "extraEnv": [{"name": "GATEWAY_COMMIT_MARKERS", "value": ".metadata"}],
+                }
+            )
+        )
+    )
+    assert env["GATEWAY_CAPACITY"] == "800GiB"
+    assert env["GATEWAY_FLUSH_BANDWIDTH"] == "2GiB"
+    assert env["GATEWAY_LANE_RATE"] == "1000"
+    assert env["GATEWAY_COMMIT_MARKERS"] == ".metadata"
+    # Every GATEWAY_* the chart sets is an option `gateway serve` reads, and parses.
+    known = {"GATEWAY_" + config.flag_name(n).upper().replace("-", "_") for n in config._OPTIONS}
+    serve_env = {k: v for k, v in env.items() if k.startswith("GATEWAY_") and k not in CLI_ENV}
+    assert set(serve_env) - known == set()
+    settings = config.load(None, {k: v for k, v in serve_env.items() if isinstance(v, str)} | {
+        "GATEWAY_ACCESS_KEY": "k",
+        "GATEWAY_SECRET_KEY": "s",
+    })  # fmt: skip
+    assert settings.capacity_bytes == 800 << 30
+    assert settings.listen == "0.0.0.0:9000" and settings.log_format == "json"
+
+
+def test_service_monitor_toggle() -> None:
+    assert "ServiceMonitor" not in render()
+    (monitor,) = render(serviceMonitor={"enabled": True, "labels": {"release": "prom"}})[
+        "ServiceMonitor"
+    ]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "admin" and endpoint["path"] == "/metrics"
+    assert endpoint["authorization"]["credentials"] == {
+        "name": "gw-s3-gateway-admin",
+        "key": "token",
+    }
+    message = render_error(serviceMonitor={"enabled": True}, service={"enabled": False})
+    assert "serviceMonitor.enabled needs service.enabled" in message

@@ -1,0 +1,199 @@
+"""gateway.cli: formatting of the status table and the drain progress (no gateway needed)."""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import io
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from gateway import cli
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (5 << 20, "5.0 MiB"), (3 << 40, "3.0 TiB")],
+)
+def test_human_bytes(n: int, text: str) -> None:
+    assert cli.human_bytes(n) == text
+
+
+@pytest.mark.parametrize(
+    ("s", "text"), [(None, "-"), (2.345, "2.3s"), (42, "42s"), (75, "1m15s"), (3725, "1h02m")]
+)
+def test_human_duration(s: float | None, text: str) -> None:
+    assert cli.human_duration(s) == text
+
+
+def _status(**over: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "pending_objects": 3,
+        "pending_bytes": 3 << 30,
+        "flushing_objects": 1,
+        "flushed_objects": 10,
+        "flushed_bytes": 2048,
+        "failed_objects": 2,
+        "oldest_pending_seconds": 75.0,
+        "flush_state": "running",
+        "cache_used_bytes": 1 << 30,
+        "cache_capacity_bytes": 4 << 30,
+        "throttled": 7,
+        "last_error": "b/k: AccessDenied",
+        "lanes": [
+            {
+                "bucket": "ckpts",
+                "prefix": "run1/step_9/rank_0/",
+                "pending_objects": 2,
+                "pending_bytes": 2 << 30,
+                "in_flight": 1,
+                "rate_limit_per_s": 875.5,
+                "throttled_503": 4,
+            },
+            {
+                "bucket": "ckpts",
+                "prefix": "",
+                "pending_objects": 1,
+                "pending_bytes": 1 << 30,
+                "in_flight": 0,
+                "rate_limit_per_s": 3500.0,
+                "throttled_503": 0,
+            },
+        ],
+    }
+    doc.update(over)
+    return doc
+
+
+def test_format_status_totals_and_lane_rows() -> None:
+    lines = cli.format_status(_status(), rate_bytes_per_s=float(1 << 30)).splitlines()
+    assert lines[:11] == [
+        "flush state     running",
+        "pending         3 objects, 3.0 GiB",
+        "flushing        1 objects",
+        "flushed         10 objects, 2.0 KiB",
+        "flush rate      1.0 GiB/s over the last minute, ETA 3.0s",
+        "failed          2 objects",
+        "oldest pending  1m15s",
+        "cache           1.0 GiB of 4.0 GiB (25%)",
+        "503 throttles   7",
+        "last error      b/k: AccessDenied",
+        "",
+    ]
+    assert [line.split() for line in lines[12:]] == [
+        ["ckpts", "run1/step_9/rank_0/", "2", "2.0", "GiB", "1", "875.5", "4"],
+        ["ckpts", "/", "1", "1.0", "GiB", "0", "3500", "0"],
+    ]
+    # Numbers are right-aligned under their header.
+    header, row = lines[11], lines[12]
+    assert header.index("bytes") + len("bytes") == row.index("GiB") + len("GiB")
+
+
+def test_flush_rate_over_the_last_minute() -> None:
+    samples = [
+        {"t": 1000.0, "flushed_bytes": 0},
+        {"t": 1030.0, "flushed_bytes": 100},  # outside the last 60 s of t=1100
+        {"t": 1050.0, "flushed_bytes": 1000},
+        {"t": 1100.0, "flushed_bytes": 6000},
+    ]
+    assert cli.flush_rate(samples) == pytest.approx(5000 / 50)
+    assert cli.flush_rate(samples, span_s=1000) == pytest.approx(60.0)
+    assert cli.flush_rate(samples[:1]) is None
+
+
+def test_format_status_without_lanes() -> None:
+    text = cli.format_status(_status(lanes=[], oldest_pending_seconds=None, last_error=None))
+    assert "flush rate      -\n" in text
+    assert "oldest pending  -\n" in text
+    assert "last error" not in text
+    assert text.endswith("no lane has anything pending\n")
+
+
+def test_drain_progress_rate_and_eta() -> None:
+    p = cli.DrainProgress(started_s=0.0)
+    p.update(0.0, 1000 << 20)
+    assert p.eta_s() is None  # no rate yet
+    assert "0% 1000.0 MiB left in 4 objects, -, ETA -" in p.line(4)
+    p.update(2.0, 800 << 20)  # 100 MiB/s
+    assert p.rate_bytes_per_s == 100 << 20
+    assert p.eta_s() == pytest.approx(8.0)
+    p.update(4.0, 800 << 20)  # stalled: the average decays, not to zero at once
+    assert p.rate_bytes_per_s == pytest.approx(0.7 * (100 << 20))
+    line = p.line(3, "flusher paused")
+    assert line.startswith("[" + "#" * 6 + "-" * 24 + "]  20% 800.0 MiB left in 3 objects")
+    assert line.endswith("70.0 MiB/s, ETA 11s (flusher paused)")
+    p.update(5.0, 0)
+    assert p.eta_s() == 0.0
+    assert p.line(0).startswith("[" + "#" * 30 + "] 100% 0 B left")
+
+
+def test_progress_sink_plain_lines_are_periodic() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    sink = cli.ProgressSink(out, "auto", lambda: now[0])  # StringIO is not a TTY
+    assert sink.mode == "plain"
+    for t in (0.0, 1.0, 9.0, 10.0, 12.0):
+        now[0] = t
+        sink.show(f"at {t}")
+    sink.show("done", final=True)
+    assert out.getvalue().splitlines() == ["at 0.0", "at 10.0", "done"]
+
+
+def test_progress_sink_bar_redraws_in_place() -> None:
+    out = io.StringIO()
+    sink = cli.ProgressSink(out, "bar", lambda: 0.0)
+    sink.show("one")
+    sink.show("two", final=True)
+    assert out.getvalue() == "\r\x1b[2Kone\r\x1b[2Ktwo\n"
+
+
+def test_admin_token_from_flag_file_or_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    monkeypatch.delenv("GATEWAY_ADMIN_TOKEN", raising=False)
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN_FILE", str(token_file))
+    monkeypatch.setenv("GATEWAY_ADMIN", "http://10.0.0.1:9001/")
+
+    def args(**kw: object) -> argparse.Namespace:
+        base = {"admin": None, "admin_token": None, "admin_token_file": None}
+        return argparse.Namespace(**{**base, **kw})
+
+    assert cli.AdminClient.from_args(args()) == cli.AdminClient("http://10.0.0.1:9001", "from-file")
+    assert cli.AdminClient.from_args(args(admin_token="flag")).token == "flag"
+    monkeypatch.delenv("GATEWAY_ADMIN_TOKEN_FILE")
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", "from-env")
+    assert cli.AdminClient.from_args(args(admin="http://x:1")) == cli.AdminClient(
+        "http://x:1", "from-env"
+    )
+    with pytest.raises(cli.AdminError):
+        cli.AdminClient.from_args(args(admin_token_file=str(token_file) + ".missing"))
+
+
+def test_admin_client_sends_the_bearer_token() -> None:
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({"ok": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = cli.AdminClient(f"http://127.0.0.1:{server.server_port}", "s3cr3t")
+        assert client.get("/admin/v1/status") == {"ok": "/admin/v1/status"}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["Bearer s3cr3t"]
