@@ -311,6 +311,10 @@ def _validate_limits(settings: Settings) -> None:
         raise ConfigError("max-headers must be at least 16")
     if settings.max_xml_body_bytes < 1 * KiB:
         raise ConfigError("max-xml-body must be at least 1KiB")
+    for name in ("credentials_file", "admin_token_file"):
+        path = getattr(settings, name)
+        if path is not None and not path.exists():
+            raise ConfigError(f"{flag_name(name)}: {path} does not exist")
     host = settings.admin_listen.rpartition(":")[0].strip("[]")
     has_token = settings.admin_token is not None or settings.admin_token_file is not None
     if not has_token and not _is_loopback(host):

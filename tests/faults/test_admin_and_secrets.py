@@ -50,6 +50,14 @@ def test_admin_off_loopback_refuses_to_start_without_token(
     assert b"admin-token" in done.stderr
 
 
+def test_missing_credentials_file_refuses_to_start(moto_server: str, tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path / "data", moto_server)
+    cmd = [*gw.command(), "--credentials-file", str(tmp_path / "absent.yaml")]
+    done = subprocess.run(cmd, env=gw.environment(), capture_output=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert b"credentials-file" in done.stderr
+
+
 @pytest.mark.parametrize("via", ["env", "file"])
 def test_admin_off_loopback_requires_bearer_token(
     gateway_factory: Any, tmp_path: Path, via: str
