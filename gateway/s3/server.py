@@ -62,7 +62,7 @@ def build_s3_app(services: S3Services) -> web.Application:
 def build_s3_runner(
     services: S3Services, limits: HttpLimits, shutdown_timeout_s: float
 ) -> web.AppRunner:
-    """The runner of the S3 app with parser limits, S3 XML parse errors and a safe access log."""
+    """The runner of the S3 app: parser limits, and parse errors answered as S3 XML."""
     return _S3Runner(
         build_s3_app(services),
         handle_signals=False,
