@@ -14,12 +14,14 @@ import logging
 import os
 import signal
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
 from gateway.admin.api import AdminServices, build_admin_app
+from gateway.admin.auth import resolve_admin_token
 from gateway.clock import SystemClock
 from gateway.config import Settings
 from gateway.core.buckets import BucketService
@@ -33,8 +35,9 @@ from gateway.flush.backoff import Backoff
 from gateway.flush.flusher import Flusher
 from gateway.flush.lanes import LaneConfig
 from gateway.flush.policy import PolicyConfig
+from gateway.s3.credentials import CredentialStore
 from gateway.s3.dispatch import S3Services
-from gateway.s3.server import build_s3_app
+from gateway.s3.server import HttpLimits, build_s3_runner
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.space import CacheSpace
@@ -70,9 +73,14 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     clock = SystemClock()
     endpoint = settings.upstream_endpoint
     upstream_keys: tuple[str | None, str | None] = (None, None)
-    credentials: dict[str, str] = {}
+    static: dict[str, str] = {}
     if settings.access_key is not None and settings.secret_key is not None:
-        credentials[settings.access_key] = settings.secret_key
+        static[settings.access_key] = settings.secret_key
+    credentials: Mapping[str, str] = CredentialStore(static, settings.credentials_file)
+    admin_token = resolve_admin_token(
+        _split(settings.admin_listen).host, settings.admin_token, settings.admin_token_file
+    )
+    quiet_secret_loggers()
     if settings.is_demo:
         from gateway.upstream.demo import DEMO_UPSTREAM_KEY, DEMO_UPSTREAM_SECRET, DemoUpstream
 
@@ -80,7 +88,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         endpoint = await asyncio.to_thread(demo.start)
         stack.callback(demo.stop)
         upstream_keys = (DEMO_UPSTREAM_KEY, DEMO_UPSTREAM_SECRET)
-        credentials = credentials or {"demo": "demo-secret-key"}
+        credentials = credentials if len(credentials) else {"demo": "demo-secret-key"}
 
     upstream = AiobotocoreUpstream(
         endpoint_url=endpoint,
@@ -161,6 +169,8 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         region=settings.upstream_region,
         domain=settings.domain,
         clock=clock,
+        max_header_bytes=settings.max_header_size_bytes,
+        max_xml_body_bytes=settings.max_xml_body_bytes,
     )
     flusher = Flusher(
         journal,
@@ -190,11 +200,16 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     )
     flusher_task = asyncio.create_task(flusher.run(), name="flusher")
     evictor_task = asyncio.create_task(space.run(), name="evictor")
-    admin = AdminServices(journal=journal, flusher=flusher, clock=clock, capacity_bytes=capacity)
-
-    s3_runner = web.AppRunner(
-        build_s3_app(s3), handle_signals=False, shutdown_timeout=10.0, auto_decompress=False
+    admin = AdminServices(
+        journal=journal, flusher=flusher, clock=clock, capacity_bytes=capacity, token=admin_token
     )
+
+    limits = HttpLimits(
+        max_line_bytes=settings.max_line_size_bytes,
+        max_field_bytes=settings.max_header_size_bytes,
+        max_headers=settings.max_headers,
+    )
+    s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0)
     admin_runner = web.AppRunner(build_admin_app(admin), handle_signals=False, access_log=None)
     await s3_runner.setup()
     await admin_runner.setup()
@@ -256,6 +271,14 @@ async def _wait_drained(journal: Journal, timeout_s: float) -> None:
                 await asyncio.wait_for(journal.changed.wait(), min(left_s, 1.0))
 
 
+def quiet_secret_loggers() -> None:
+    """Keep botocore's and aiobotocore's debug output (request headers with the upstream's
+    Authorization, signing strings) out of the log even at ``--log-level debug``."""
+    for name in ("botocore", "aiobotocore", "urllib3", "s3transfer"):
+        logger = logging.getLogger(name)
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.INFO))
+
+
 def _tls_context(settings: Settings) -> ssl.SSLContext | None:
     if settings.tls_cert is None or settings.tls_key is None:
         return None
@@ -288,7 +311,7 @@ def _filesystem_bytes(path: Path) -> int:
     return st.f_blocks * st.f_frsize
 
 
-def _announce(settings: Settings, upstream: str | None, credentials: dict[str, str]) -> None:
+def _announce(settings: Settings, upstream: str | None, credentials: Mapping[str, str]) -> None:
     s3 = f"{'https' if settings.tls_cert else 'http'}://{settings.listen}"
     log.info(
         "S3 endpoint %s, admin http://%s, data in %s (durability=%s)",

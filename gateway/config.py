@@ -8,6 +8,7 @@ has all three spellings: ``--flush-concurrency`` / ``GATEWAY_FLUSH_CONCURRENCY``
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -137,6 +138,22 @@ class Settings:
     # Bucket created in the embedded demo upstream.
     demo_bucket: str = "demo"
     log_level: str = "info"
+    # --- Hostile input, admin auth and client credentials (tests/faults) ---
+    # Whole request header section (names + values); over it: RequestHeaderSectionTooLarge.
+    # S3 itself allows 8 KiB; we are laxer by default. Also bounds any single header line.
+    max_header_size_bytes: int = 16 * KiB
+    # Request line (method, path, query) aiohttp's parser accepts; over it: the same error.
+    max_line_size_bytes: int = 16 * KiB
+    # Number of header lines aiohttp's parser accepts.
+    max_headers: int = 128
+    # XML request bodies (CompleteMultipartUpload, DeleteObjects); over it: MalformedXML.
+    max_xml_body_bytes: int = 4 * MiB
+    # Bearer token of the admin API; required when admin_listen is not loopback.
+    admin_token: str | None = None
+    admin_token_file: Path | None = None
+    # YAML/JSON mapping access_key -> secret, or a directory (Kubernetes Secret mount) whose
+    # file names are access keys and contents secrets; re-read when it changes.
+    credentials_file: Path | None = None
 
     # --- logs (issue 6) ---
     # text: one human line per record; json: one JSON object per line (log shippers).
@@ -205,6 +222,14 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     # -- cache capacity and eviction (issue 5)
     "cache_high_watermark": (float, "fraction of --capacity that starts eviction (0.9)"),
     "cache_low_watermark": (float, "fraction of --capacity eviction stops at (0.8)"),
+    # --- Hostile input, admin auth and client credentials (tests/faults) ---
+    "max_header_size_bytes": (parse_size, "largest request header section (e.g. 16KiB)"),
+    "max_line_size_bytes": (parse_size, "largest request line: method, path and query"),
+    "max_headers": (int, "most header lines in one request"),
+    "max_xml_body_bytes": (parse_size, "largest XML request body (CompleteMultipartUpload, ...)"),
+    "admin_token": (str, "bearer token of the admin API (required off loopback)"),
+    "admin_token_file": (Path, "file holding the admin API bearer token"),
+    "credentials_file": (Path, "client credentials: YAML/JSON key->secret or a Secret dir"),
 }
 
 
@@ -272,8 +297,10 @@ def _from_file(path: Path) -> dict[str, Any]:
 def _validate(settings: Settings) -> None:
     if (settings.access_key is None) != (settings.secret_key is None):
         raise ConfigError("access-key and secret-key go together")
-    if not settings.is_demo and settings.access_key is None:
-        raise ConfigError("access-key/secret-key are required with an upstream endpoint")
+    if not settings.is_demo and settings.access_key is None and settings.credentials_file is None:
+        raise ConfigError(
+            "access-key/secret-key or credentials-file are required with an upstream endpoint"
+        )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise ConfigError("tls-cert and tls-key go together")
     if settings.flush_concurrency < 1:
@@ -284,5 +311,36 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("lane-rate and lane-min-rate must be positive")
     if not 0 < settings.cache_low_watermark <= settings.cache_high_watermark <= 1:
         raise ConfigError("need 0 < cache-low-watermark <= cache-high-watermark <= 1")
+    _validate_limits(settings)
     if settings.multipart_threshold_bytes < 5 * MiB:
         raise ConfigError("multipart-threshold must be at least 5MiB (S3's smallest part)")
+
+
+def _validate_limits(settings: Settings) -> None:
+    """Hostile-input limits and the admin token rule (loopback or a token)."""
+    if settings.max_header_size_bytes < 1 * KiB or settings.max_line_size_bytes < 1 * KiB:
+        raise ConfigError("max-header-size and max-line-size must be at least 1KiB")
+    if settings.max_headers < 16:
+        raise ConfigError("max-headers must be at least 16")
+    if settings.max_xml_body_bytes < 1 * KiB:
+        raise ConfigError("max-xml-body must be at least 1KiB")
+    for name in ("credentials_file", "admin_token_file"):
+        path = getattr(settings, name)
+        if path is not None and not path.exists():
+            raise ConfigError(f"{flag_name(name)}: {path} does not exist")
+    host = settings.admin_listen.rpartition(":")[0].strip("[]")
+    has_token = settings.admin_token is not None or settings.admin_token_file is not None
+    if not has_token and not _is_loopback(host):
+        raise ConfigError(
+            f"admin-listen {settings.admin_listen} is not loopback: set admin-token "
+            "(GATEWAY_ADMIN_TOKEN) or admin-token-file"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -295,3 +295,32 @@ class InvalidPartNumber(S3Error):
     code = "InvalidPartNumber"
     status = 416
     default_message = "The requested partnumber is not satisfiable"
+
+
+# --- Hostile-input limits (request size, URI and metadata checks) ---------------------------
+
+
+class InvalidURI(S3Error):
+    code = "InvalidURI"
+    status = 400
+    default_message = "Couldn't parse the specified URI."
+
+
+class MetadataTooLarge(S3Error):
+    code = "MetadataTooLarge"
+    status = 400
+    default_message = "Your metadata headers exceed the maximum allowed metadata size."
+
+
+class RequestHeaderSectionTooLarge(S3Error):
+    code = "RequestHeaderSectionTooLarge"
+    status = 400
+    default_message = "Your request header section exceeds the maximum allowed size."
+
+
+class BadRequest(S3Error):
+    """An HTTP message that cannot be parsed at all (S3 answers such requests with a bare 400)."""
+
+    code = "BadRequest"
+    status = 400
+    default_message = "An error occurred when parsing the HTTP request."

@@ -10,6 +10,7 @@ from prometheus_client.exposition import choose_encoder
 
 from gateway import metrics as gm
 from gateway.admin import page
+from gateway.admin.auth import bearer_auth
 from gateway.clock import Clock
 from gateway.flush.flusher import Flusher
 from gateway.store.journal import Journal
@@ -24,6 +25,7 @@ class AdminServices:
     clock: Clock
     capacity_bytes: int
     is_ready: bool = False
+    token: str | None = None  # when set, every path but the probes needs it (admin/auth.py)
 
 
 ADMIN = web.AppKey("admin_services", AdminServices)
@@ -198,7 +200,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def build_admin_app(services: AdminServices) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[bearer_auth(services.token)] if services.token else [])
     app[ADMIN] = services
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -74,3 +74,7 @@ def validate_bucket_name(bucket: str) -> None:
     )
     if not ok or not bucket[0].isalnum() or not bucket[-1].isalnum() or ".." in bucket:
         raise InvalidBucketName(BucketName=bucket)
+    parts = bucket.split(".")
+    if len(parts) == 4 and all(p.isdigit() for p in parts):
+        # S3: "must not be formatted as an IP address" (e.g. 192.168.5.4).
+        raise InvalidBucketName(BucketName=bucket)

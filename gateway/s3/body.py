@@ -56,13 +56,22 @@ def request_body(
                 "x-amz-decoded-content-length is required for aws-chunked bodies."
             )
         length = _int_header(declared, "x-amz-decoded-content-length")
-        return AwsChunkedBody(request.content, decoded_length=length, auth=auth), length
+        reader = request.content if request.body_exists else _empty_reader()
+        return AwsChunkedBody(reader, decoded_length=length, auth=auth), length
     if (
         request.content_length is None
         and "chunked" not in request.headers.get("Transfer-Encoding", "").lower()
     ):
         raise MissingContentLength()
     return PlainBody(request), request.content_length
+
+
+def _empty_reader() -> asyncio.StreamReader:
+    """An ended stream. aiohttp hands an empty body over as ``EmptyStreamReader``, whose
+    ``readuntil`` raises AttributeError (aiohttp 3.14) instead of reporting the end."""
+    reader = asyncio.StreamReader()
+    reader.feed_eof()
+    return reader
 
 
 def _int_header(value: str, name: str) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -16,7 +16,7 @@ from gateway.core.deletes import DeleteService
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
-from gateway.errors import NotImplementedError_, SlowDown
+from gateway.errors import NotImplementedError_, RequestHeaderSectionTooLarge, SlowDown
 from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext, verify_request
 from gateway.s3.routing import parse_operation
@@ -37,6 +37,10 @@ class S3Services:
     domain: str | None
     clock: Clock
     is_accepting_writes: bool = True
+    # Hostile-input limits: the whole header section (names and values, bytes), and XML
+    # request documents (CompleteMultipartUpload, DeleteObjects, CreateBucket).
+    max_header_bytes: int = 16 << 10
+    max_xml_body_bytes: int = 4 << 20
 
     def check_writable(self) -> None:
         """New writes get 503 SlowDown (retried by every SDK) while shutting down."""
@@ -61,8 +65,16 @@ def handles(op_type: type[ops.Operation]) -> Callable[[Handler], Handler]:
     return register
 
 
+def check_header_section(raw_headers: Iterable[tuple[bytes, bytes]], max_bytes: int) -> None:
+    """``RequestHeaderSectionTooLarge`` when the headers' names and values exceed ``max_bytes``
+    (aiohttp's parser bounds each line and their number, not their sum)."""
+    if sum(len(name) + len(value) for name, value in raw_headers) > max_bytes:
+        raise RequestHeaderSectionTooLarge()
+
+
 async def dispatch(request: web.Request) -> web.StreamResponse:
     svc = request.app[SERVICES]
+    check_header_section(request.raw_headers, svc.max_header_bytes)
     raw_path, _, raw_query = request.raw_path.partition("?")
     auth = verify_request(
         request.method, raw_path, raw_query, request.headers, svc.credentials, svc.clock.wall()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import unquote
 
-from gateway.errors import InvalidArgument, MethodNotAllowed
+from gateway.errors import InvalidArgument, InvalidURI, MethodNotAllowed
 from gateway.s3 import operations as ops
 
 # Query parameters that select a different operation on the same resource (S3 "subresources").
@@ -81,7 +81,8 @@ def split_path(raw_path: str, host_bucket: str | None) -> tuple[str | None, str 
     try:
         path = unquote(raw_path, errors="strict")
     except UnicodeDecodeError as exc:
-        raise InvalidArgument("Path is not valid UTF-8.") from exc
+        # S3 answers a path whose percent-escapes are not UTF-8 with InvalidURI.
+        raise InvalidURI() from exc
     if not path.startswith("/"):
         raise InvalidArgument("Invalid path.")
     if host_bucket is not None:

@@ -1,14 +1,47 @@
-"""The S3 listener's aiohttp app: one catch-all route into ``dispatch``."""
+"""The S3 listener's aiohttp app and runner: one catch-all route into ``dispatch``.
+
+Requests aiohttp's own HTTP parser refuses (a header line over ``max_field_size``, more than
+``max_headers`` headers, a request line over ``max_line_size``, broken framing) never reach
+the middlewares, so aiohttp would answer them with a plain-text 400. ``build_s3_runner``
+swaps in a request handler that renders those as S3 XML errors too. aiohttp's own access log
+is off: ``gateway.s3.access`` logs every request with presigned signatures redacted.
+"""
 
 from __future__ import annotations
 
+import logging
+import secrets
+from dataclasses import dataclass
+
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, ContentLengthError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 import gateway.s3.handlers  # noqa: F401  (registers every handler)
+from gateway.errors import BadRequest, IncompleteBody, RequestHeaderSectionTooLarge, S3Error
 from gateway.s3.access import access_log
 from gateway.s3.dispatch import SERVICES, S3Services, dispatch
 from gateway.s3.metrics import write_metrics
 from gateway.s3.middleware import add_request_headers, s3_errors
+from gateway.s3.xml import error_document
+
+log = logging.getLogger(__name__)
+KiB = 1 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """Sizes aiohttp's HTTP parser enforces before any handler runs.
+
+    ``max_line_bytes`` bounds the request line (method, path and query), ``max_field_bytes``
+    one header line, ``max_headers`` their number. Over any of them the client gets
+    ``400 RequestHeaderSectionTooLarge`` and the connection is closed.
+    """
+
+    max_line_bytes: int = 16 * KiB
+    max_field_bytes: int = 16 * KiB
+    max_headers: int = 128
 
 
 def build_s3_app(services: S3Services) -> web.Application:
@@ -21,5 +54,74 @@ def build_s3_app(services: S3Services) -> web.Application:
     )
     app[SERVICES] = services
     app.on_response_prepare.append(add_request_headers)
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    # [\s\S]: "." would not match a newline, and a key may hold one (%0A in the path).
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)
     return app
+
+
+def build_s3_runner(
+    services: S3Services, limits: HttpLimits, shutdown_timeout_s: float
+) -> web.AppRunner:
+    """The runner of the S3 app: parser limits, and parse errors answered as S3 XML."""
+    return _S3Runner(
+        build_s3_app(services),
+        handle_signals=False,
+        shutdown_timeout=shutdown_timeout_s,
+        auto_decompress=False,
+        access_log=None,  # gateway.s3.access logs each request (signatures redacted)
+        max_line_size=limits.max_line_bytes,
+        max_field_size=limits.max_field_bytes,
+        max_headers=limits.max_headers,
+    )
+
+
+def parse_error(exc: BaseException | None) -> S3Error:
+    """The S3 error for a request aiohttp's parser refused."""
+    if isinstance(exc, LineTooLong) or (
+        isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)
+    ):
+        return RequestHeaderSectionTooLarge()
+    if isinstance(exc, ContentLengthError):  # the body ended before its Content-Length
+        return IncompleteBody()
+    return BadRequest()
+
+
+class _S3RequestHandler(RequestHandler):
+    """aiohttp's per-connection protocol, answering unparseable requests in S3 XML."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        error = parse_error(exc)
+        # The parser's message may quote the offending bytes (an Authorization line): log the
+        # exception's type only.
+        log.info("unparseable request -> %d %s (%s)", error.status, error.code, type(exc).__name__)
+        request_id = secrets.token_hex(8).upper()
+        body = error_document(error.code, error.message, request_id, {})
+        response = web.Response(
+            status=error.status,
+            body=body,
+            headers={"Content-Type": "application/xml", "x-amz-request-id": request_id},
+        )
+        response.force_close()
+        return response
+
+
+class _S3Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _S3RequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _S3Runner(web.AppRunner):
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # aiohttp builds its Server inside Application._make_handler; re-class it (same
+        # fields) so that each connection gets the S3 request handler.
+        server.__class__ = _S3Server
+        return server

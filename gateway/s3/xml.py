@@ -35,8 +35,19 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def xml_safe(text: str) -> str:
-    """``text`` with characters XML cannot carry percent-encoded (keys may contain them)."""
-    return _NOT_XML.sub(lambda m: quote(m.group(0), safe=""), text)
+    """``text`` with characters XML cannot carry percent-encoded (keys may contain them).
+
+    Lone surrogates (undecodable request bytes that aiohttp kept with surrogateescape) are
+    encoded back to their bytes, or to their UTF-8 form outside that range; neither may raise:
+    this renders error documents."""
+    return _NOT_XML.sub(lambda m: quote(_raw(m.group(0)), safe=""), text)
+
+
+def _raw(char: str) -> bytes:
+    try:
+        return char.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return char.encode("utf-8", "surrogatepass")
 
 
 def error_document(code: str, message: str, request_id: str, fields: Mapping[str, str]) -> bytes:

@@ -110,6 +110,13 @@ class _QueueView:
         return row is not None
 
 
+def prefix_bytes(prefix: str) -> tuple[int, bytes]:
+    """(length, bytes) of ``prefix`` in UTF-8, for ``substr(CAST(key AS BLOB), 1, n) = p``:
+    SQLite's text ``substr`` stops at a NUL, which S3 keys may contain; blobs do not."""
+    raw = prefix.encode("utf-8", "surrogatepass")
+    return len(raw), raw
+
+
 def prefix_end(prefix: str) -> str:
     """The smallest string greater than every string that starts with ``prefix``."""
     stripped = prefix.rstrip("\U0010ffff")
@@ -447,8 +454,8 @@ class Journal:
         def op(conn: sqlite3.Connection) -> list[LocalObject]:
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM objects WHERE bucket = ? AND key {bound} ? AND key >= ? "
-                "AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?",
-                (bucket, after, prefix, len(prefix), prefix, limit),
+                "AND substr(CAST(key AS BLOB), 1, ?) = ? ORDER BY key LIMIT ?",
+                (bucket, after, prefix, *prefix_bytes(prefix), limit),
             ).fetchall()
             return [_row(r) for r in rows]
 
@@ -613,9 +620,9 @@ class Journal:
         def op(conn: sqlite3.Connection) -> tuple[int, int]:
             sql = (
                 "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM objects "
-                "WHERE state != 'durable' AND seq <= ? AND substr(key, 1, ?) = ?"
+                "WHERE state != 'durable' AND seq <= ? AND substr(CAST(key AS BLOB), 1, ?) = ?"
             )
-            args: list[Any] = [max_seq, len(prefix), prefix]
+            args: list[Any] = [max_seq, *prefix_bytes(prefix)]
             if bucket is not None:
                 sql += " AND bucket = ?"
                 args.append(bucket)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gateway.errors import NoSuchUpload
 from gateway.models import LocalObject, ObjectMeta, PartRef
-from gateway.store.journal import Journal, RowCheck
+from gateway.store.journal import Journal, RowCheck, prefix_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,9 +173,9 @@ class UploadJournal:
         def op(conn: sqlite3.Connection) -> list[Upload]:
             rows = conn.execute(
                 "SELECT " + _UPLOAD_COLUMNS + " "
-                "FROM uploads WHERE bucket = ? AND substr(key, 1, ?) = ? "
+                "FROM uploads WHERE bucket = ? AND substr(CAST(key AS BLOB), 1, ?) = ? "
                 "AND (key > ? OR (key = ? AND upload_id > ?)) ORDER BY key, upload_id LIMIT ?",
-                (bucket, len(prefix), prefix, key_marker, key_marker, upload_id_marker, limit),
+                (bucket, *prefix_bytes(prefix), key_marker, key_marker, upload_id_marker, limit),
             ).fetchall()
             return [_upload(r) for r in rows]
 

@@ -53,7 +53,7 @@ async def get_bucket_location(
 async def create_bucket(
     request: web.Request, op: ops.CreateBucket, svc: S3Services, auth: AuthContext
 ) -> web.StreamResponse:
-    raw, _ = await read_document(request, auth, _MAX_CREATE_BODY_BYTES)
+    raw, _ = await read_document(request, auth, min(_MAX_CREATE_BODY_BYTES, svc.max_xml_body_bytes))
     location = _location_constraint(raw)
     await svc.buckets.create_bucket(op.bucket, location)
     return web.Response(status=200, headers={"Location": f"/{op.bucket}"})

@@ -28,8 +28,6 @@ from gateway.s3.auth import AuthContext
 from gateway.s3.body import read_document
 from gateway.s3.dispatch import S3Services, handles
 
-# 1,000 keys of up to 1,024 bytes each, escaped, with room for version ids and whitespace.
-MAX_BODY_BYTES = 2 << 20
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 
@@ -38,7 +36,7 @@ async def delete_objects(
     request: web.Request, op: ops.DeleteObjects, svc: S3Services, auth: AuthContext
 ) -> web.StreamResponse:
     svc.check_writable()
-    raw, trailers = await read_document(request, auth, MAX_BODY_BYTES)
+    raw, trailers = await read_document(request, auth, svc.max_xml_body_bytes)
     verify_body(raw, request.headers, trailers)
     quiet, entries = parse_delete(raw)
     outcomes = await svc.deletes.delete_objects(op.bucket, entries)

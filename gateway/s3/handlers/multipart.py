@@ -25,8 +25,6 @@ from gateway.s3.handlers.objects import (
 from gateway.s3.metrics import note_ingested
 from gateway.s3.xml import iso8601
 
-# 10,000 parts of ~120 bytes each, with room for whitespace and namespaces.
-_MAX_COMPLETE_BODY_BYTES = 4 << 20
 _MAX_LISTED = 1000
 
 
@@ -100,7 +98,7 @@ async def complete_multipart_upload(
 ) -> web.StreamResponse:
     svc.check_writable()
     cond = write_preconditions(request.headers)
-    raw, _ = await read_document(request, auth, _MAX_COMPLETE_BODY_BYTES)
+    raw, _ = await read_document(request, auth, svc.max_xml_body_bytes)
     check = await svc.objects.write_guard(op.bucket, op.key, cond)
     meta = await svc.multipart.complete(
         op.bucket,

@@ -13,7 +13,13 @@ from gateway.checksums import CHECKSUM_ALGORITHMS, checksum_type
 from gateway.core.conditions import Preconditions
 from gateway.core.objects import ObjectHead, ReadOptions
 from gateway.core.ranges import parse_range
-from gateway.errors import InvalidArgument, InvalidRange, InvalidRequest, NotImplementedError_
+from gateway.errors import (
+    InvalidArgument,
+    InvalidRange,
+    InvalidRequest,
+    MetadataTooLarge,
+    NotImplementedError_,
+)
 from gateway.models import PutRequest
 from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext
@@ -51,13 +57,24 @@ _OVERRIDES = {
     "response-content-encoding": "Content-Encoding",
 }
 _MAX_PART_NUMBER = 10_000
+# S3 stores at most 2 KB of user metadata (x-amz-meta-* names and values) per object.
+MAX_USER_METADATA_BYTES = 2048
 _SUPPORTED_CHECKSUMS = frozenset(CHECKSUM_ALGORITHMS)
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def user_metadata(headers: Mapping[str, str]) -> dict[str, str]:
-    """``x-amz-meta-*`` headers, names lower-cased as S3 stores them."""
-    return {k[11:].lower(): v for k, v in headers.items() if k.lower().startswith("x-amz-meta-")}
+    """``x-amz-meta-*`` headers, names lower-cased as S3 stores them.
+
+    Raises ``MetadataTooLarge`` over S3's limit: 2 KB of names and values (UTF-8 bytes)."""
+    meta = {k[11:].lower(): v for k, v in headers.items() if k.lower().startswith("x-amz-meta-")}
+    size = sum(len(k.encode("utf-8", "surrogateescape")) for k in meta)
+    size += sum(len(v.encode("utf-8", "surrogateescape")) for v in meta.values())
+    if size > MAX_USER_METADATA_BYTES:
+        raise MetadataTooLarge(
+            f"Your metadata headers are {size} bytes; the maximum is {MAX_USER_METADATA_BYTES}."
+        )
+    return meta
 
 
 def stored_headers(headers: Mapping[str, str]) -> dict[str, str]:

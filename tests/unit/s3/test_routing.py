@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import InvalidArgument, MethodNotAllowed
+from gateway.errors import InvalidURI, MethodNotAllowed
 from gateway.s3 import operations as ops
 from gateway.s3.routing import parse_operation, split_host
 
@@ -75,7 +75,8 @@ def test_routing_method_not_allowed(method: str, path: str) -> None:
 
 
 def test_routing_rejects_invalid_utf8_path() -> None:
-    with pytest.raises(InvalidArgument):
+    # S3 answers escapes that do not decode as UTF-8 with 400 InvalidURI.
+    with pytest.raises(InvalidURI):
         parse_operation("GET", "h", "/b1/%ff", {}, {})
 
 
