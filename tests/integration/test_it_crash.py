@@ -167,8 +167,14 @@ def _start_partial_put(gw: Any, bucket: str, key: str, total: int, sent: bytes) 
         content_sha256="UNSIGNED-PAYLOAD",
     )
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=30)
-    conn.putrequest("PUT", urllib.parse.urlsplit(req.url).path, skip_host=True)
-    for name, value in req.headers.items():
+    url = urllib.parse.urlsplit(req.url)
+    conn.putrequest("PUT", url.path, skip_host=True)
+    headers = dict(req.headers)
+    # HTTP/1.1 requires Host (aiohttp refuses a request without one, and would then close
+    # the connection under the body still being sent); it is part of what was signed.
+    if not any(name.lower() == "host" for name in headers):
+        headers["Host"] = url.netloc
+    for name, value in headers.items():
         conn.putheader(name, value)
     conn.endheaders()
     conn.send(sent)
