@@ -54,7 +54,7 @@ def main() -> int:
             moto.stop()
     print(f"seed={seed} {stats}; {len(expected)} objects verified upstream")
     if open_uploads:
-        print(f"FAIL: upstream multipart uploads left open (known flusher gap): {open_uploads}")
+        print(f"FAIL: upstream multipart uploads left open : {open_uploads}")
         return 1
     return 0
 

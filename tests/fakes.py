@@ -86,6 +86,9 @@ class FakeUpstream:
         self.stored: list[tuple[str, str, bytes]] = []
         self.overlaps: list[tuple[str, str]] = []
         self.aborted: list[str] = []
+        # upload id -> (bucket, key, initiated wall seconds): uploads open upstream that no
+        # completed put_multipart made (seeded by tests: what a crash leaves behind).
+        self.open_uploads: dict[str, tuple[str, str, float]] = {}
         self.put_gate: asyncio.Event | None = None
         self.put_arrived = asyncio.Event()
         self._put_faults: deque[tuple[str | None, BaseException]] = deque()
@@ -144,7 +147,16 @@ class FakeUpstream:
     async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool:
         self.log.append(("abort_multipart", bucket, key))
         self.aborted.append(upload_id)
+        self.open_uploads.pop(upload_id, None)
         return True
+
+    async def list_open_uploads(self, bucket: str, key: str) -> list[tuple[str, float]]:
+        self.log.append(("list_multipart_uploads", bucket, key))
+        return [
+            (upload_id, initiated_s)
+            for upload_id, (b, k, initiated_s) in self.open_uploads.items()
+            if (b, k) == (bucket, key)
+        ]
 
     async def put_multipart(
         self,

@@ -28,6 +28,7 @@ from gateway import metrics
 from gateway.clock import Clock
 from gateway.flush.backoff import Backoff
 from gateway.flush.lanes import Lane, LaneConfig, Lanes, LaneStatus
+from gateway.flush.orphans import UpstreamUploads
 from gateway.flush.parts import split_parts
 from gateway.flush.policy import FlushPolicy, PolicyConfig
 from gateway.flush.ratelimit import TokenBucket
@@ -36,7 +37,7 @@ from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.verify import md5_of_file
 from gateway.upstream.classify import Fatal, FlushError, Retryable, Throttled
-from gateway.upstream.client import PartSource, Upstream
+from gateway.upstream.client import PartSource, RequestRunner, Upstream
 
 log = logging.getLogger(__name__)
 _IDLE_POLL_S = 1.0  # re-check for rows whose backoff has expired
@@ -94,7 +95,7 @@ class Flusher:
             bandwidth_bytes_per_s, float(bandwidth_burst_bytes or bandwidth_bytes_per_s), now_s
         )
         self._multipart_threshold_bytes = multipart_threshold_bytes
-        self._open_uploads: set[str] = set()
+        self._uploads = UpstreamUploads(journal, upstream, clock)
         self._last_sweep_s = now_s
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -191,12 +192,7 @@ class Flusher:
         a crash, or by an abort that failed (the upstream was throttling or away). They
         would otherwise accrue storage cost forever; kept for the next sweep on failure."""
         self._last_sweep_s = self._clock.monotonic()
-        for upload_id, bucket, key in await self._journal.upstream_uploads():
-            if upload_id in self._open_uploads:
-                continue
-            if await self._upstream.abort_multipart(bucket, key, upload_id):
-                log.info("aborted abandoned upstream upload %s of %s/%s", upload_id, bucket, key)
-                await self._journal.forget_upstream_upload(upload_id)
+        await self._uploads.sweep()
 
     def _spawn(self, obj: LocalObject) -> None:
         ident = (obj.meta.bucket, obj.meta.key)
@@ -308,7 +304,7 @@ class Flusher:
             async def run(size_bytes: int, send: Callable[[], Awaitable[T]]) -> T:
                 return await self._send_request(lane, size_bytes, send)
 
-            etag = await self._upstream.put_multipart(obj.meta, sources, self._track_upload, run)
+            etag = await self._put_multipart(obj, sources, run)
         _check_etag(etag, expected)
 
     async def _send_request(
@@ -328,14 +324,20 @@ class Flusher:
                 await asyncio.sleep(self._backoff.delay_s(attempt, exc.retry_after_s))
         raise AssertionError("unreachable")
 
-    async def _track_upload(self, upload_id: str, bucket: str, key: str, done: bool) -> None:
-        """Record an upstream multipart upload while it is open (see recovery in run)."""
-        if done:
-            self._open_uploads.discard(upload_id)
-            await self._journal.forget_upstream_upload(upload_id)
-        else:
-            self._open_uploads.add(upload_id)
-            await self._journal.record_upstream_upload(upload_id, bucket, key, self._clock.wall())
+    async def _put_multipart(
+        self, obj: LocalObject, sources: list[PartSource], run: RequestRunner
+    ) -> str:
+        """A multipart upload bracketed by an intent row, so that a crash even between
+        CreateMultipartUpload and recording its id leaves a trace the sweep acts on. A
+        cancelled upload (shutdown deadline) keeps its intent for the next start's sweep."""
+        intent = await self._uploads.begin(obj.meta.bucket, obj.meta.key)
+        try:
+            etag = await self._upstream.put_multipart(obj.meta, sources, self._uploads.track, run)
+        except Exception:
+            await self._uploads.end(intent)
+            raise
+        await self._uploads.end(intent)
+        return etag
 
     async def _is_superseded(self, obj: LocalObject) -> bool:
         current = await self._journal.get(obj.meta.bucket, obj.meta.key)

@@ -691,6 +691,15 @@ class Journal:
         )
         return [(str(u), str(b), str(k)) for u, b, k in rows]
 
+    async def upstream_upload_records(self) -> list[tuple[str, str, str, float]]:
+        """(upload_id, bucket, key, created_s) of every recorded upstream upload or intent."""
+        rows = await self._read(
+            lambda c: c.execute(
+                "SELECT upload_id, bucket, key, created_s FROM upstream_uploads"
+            ).fetchall()
+        )
+        return [(str(u), str(b), str(k), float(t)) for u, b, k, t in rows]
+
     async def failed(self, limit: int = 100) -> list[LocalObject]:
         def op(conn: sqlite3.Connection) -> list[LocalObject]:
             rows = conn.execute(

@@ -128,6 +128,11 @@ class Upstream(Protocol):
 
     async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool: ...
 
+    async def list_open_uploads(self, bucket: str, key: str) -> list[tuple[str, float]]:
+        """(upload id, initiated wall seconds) of the upstream's open multipart uploads of
+        exactly ``key``. Raises a FlushError when the upstream cannot be asked."""
+        ...
+
     async def delete_object(self, bucket: str, key: str) -> None: ...
 
     async def head_object(self, bucket: str, key: str) -> ObjectMeta: ...
@@ -304,6 +309,24 @@ class AiobotocoreUpstream:
         if track is not None:
             await track(upload_id, bucket, key, True)
         return str(resp.get("ETag", "")).strip('"')
+
+    async def list_open_uploads(self, bucket: str, key: str) -> list[tuple[str, float]]:
+        found: list[tuple[str, float]] = []
+        params: dict[str, Any] = {"Bucket": bucket, "Prefix": key}
+        try:
+            while True:
+                page = await self._client.list_multipart_uploads(**params)
+                found += [
+                    (str(u["UploadId"]), u["Initiated"].timestamp())
+                    for u in page.get("Uploads", [])
+                    if u.get("Key") == key
+                ]
+                if not page.get("IsTruncated"):
+                    return found
+                params["KeyMarker"] = page.get("NextKeyMarker", "")
+                params["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
+        except Exception as exc:
+            raise for_flush(exc) from exc
 
     async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool:
         """Abort an upstream multipart upload. True when it is gone (also if it already

@@ -317,10 +317,8 @@ def drain_and_check_upstream(
 ) -> tuple[dict[str, Version], list[str]]:
     """After the last restart: drain, then the upstream holds exactly the acknowledged
     versions (bytes and ETag). Returns them and the keys of upstream multipart uploads still
-    open after ``uploads_wait_s`` (the gateway aborts the ones it recorded when it starts).
-
-    Known gap (flusher, not fixed here): a kill between the upstream's answer to
-    CreateMultipartUpload and the journal row recording it leaves an upload nobody aborts."""
+    open after ``uploads_wait_s`` (the gateway aborts, when it starts, the ones it recorded
+    and those matching an intent recorded before CreateMultipartUpload)."""
     gw, bucket = load.gw, load.bucket
     result = gw.drain(bucket=bucket, timeout=timeout_s)
     assert result["drained"] is True, result

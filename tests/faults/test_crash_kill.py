@@ -58,9 +58,9 @@ def test_sigkill_under_load_loses_no_acknowledged_write(crash_gateway: Any, upst
     wanted = sum(2 if v.etag.endswith('-2"') else 1 for v in expected.values())
     assert count_blob_files(gw) <= wanted, (count_blob_files(gw), wanted, seed)
     print(f"seed={seed} {stats}")
-    if open_uploads:
-        # Rare (about 1 in 100 kills in loadtest/crash_soak.py): reported, not hidden.
-        pytest.xfail(f"known gap: upstream multipart uploads left open for {open_uploads}")
+    # A kill between CreateMultipartUpload and recording its id once left uploads open here
+    # (about 1 in 100 kills); the flusher's intent rows now let the start-up sweep find them.
+    assert not open_uploads, (open_uploads, seed)
 
 
 def test_multipart_upload_survives_sigkill_and_completes(crash_gateway: Any, upstream: Any) -> None:

@@ -548,7 +548,11 @@ async def test_single_put_above_threshold_goes_up_as_multipart(
     assert upstream.multipart_parts[(BUCKET, "big.pt")] == [16 * MiB, 5]
     assert upstream.body(BUCKET, "big.pt") == body
     assert upstream.buckets[BUCKET]["big.pt"][1].etag == expected_etag
-    assert [(b, k) for _, b, k in recorded] == [(BUCKET, "big.pt")]
+    # An intent before CreateMultipartUpload, then the upload's own row.
+    assert [(u.startswith("intent:"), b, k) for u, b, k in recorded] == [
+        (True, BUCKET, "big.pt"),
+        (False, BUCKET, "big.pt"),
+    ]
     assert await journal.upstream_uploads() == []  # forgotten once complete
     done = await journal.get(BUCKET, "big.pt")
     assert done is not None and (done.seq, done.state) == (row.seq, FlushState.DURABLE)
@@ -587,6 +591,28 @@ async def test_abandoned_upload_is_aborted_at_start(
 
     assert upstream.aborted == ["up-crashed"]
     assert upstream.log == [("abort_multipart", BUCKET, "big.pt"), ("put", BUCKET, "after")]
+
+
+async def test_upload_created_but_not_recorded_is_found_by_its_intent(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream, clock: FakeClock
+) -> None:
+    """A kill between CreateMultipartUpload and recording its id leaves only the intent:
+    the sweep aborts the key's uploads begun since then, and nothing else."""
+    now_s = clock.wall()
+    await journal.record_upstream_upload("intent:abc", BUCKET, "big.pt", now_s)
+    upstream.open_uploads = {
+        "lost": (BUCKET, "big.pt", now_s + 0.5),  # what the crash left
+        "older": (BUCKET, "big.pt", now_s - 3600),  # someone else's, long before
+        "other-key": (BUCKET, "big.pt.1", now_s + 0.5),
+    }
+    async with _running(_flusher(journal, blobs, upstream, clock)):
+
+        async def forgotten() -> bool:
+            return await journal.upstream_uploads() == []
+
+        await _eventually(forgotten)
+    assert upstream.aborted == ["lost"]
+    assert set(upstream.open_uploads) == {"older", "other-key"}
 
 
 class _AbortUnreachable(FakeUpstream):

@@ -1,0 +1,102 @@
+"""Upstream multipart uploads the flusher opened: recorded so that none is left to accrue cost.
+
+A multipart flush writes, in this order: an *intent* row (before CreateMultipartUpload, when
+the upload id is not known yet), the upload's own row (as soon as the id is known), then
+removes both once the upload is completed or aborted. A crash can therefore leave:
+
+- an upload row: the sweep aborts that upload by id;
+- an intent row alone (killed between CreateMultipartUpload and the journal write): the
+  sweep lists the upstream's open uploads of exactly that key, initiated no earlier than
+  the intent (less ``CLOCK_SKEW_S`` for the upstream's clock), and aborts those no task of
+  this process has open. Another writer uploading the same key straight to the bucket in
+  that window would lose its upload: write-back owns the keys written through it.
+
+Contract: ``sweep`` MUST NOT abort an upload a running flush task holds (``is_open``); a row
+is forgotten only once its upload is known to be gone, so a failed abort is retried at the
+next sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from gateway.clock import Clock
+from gateway.store.journal import Journal
+from gateway.upstream.classify import FlushError
+from gateway.upstream.client import Upstream
+
+log = logging.getLogger(__name__)
+INTENT_PREFIX = "intent:"
+CLOCK_SKEW_S = 60.0  # how far the upstream's clock may lag ours when matching an intent
+
+
+class UpstreamUploads:
+    """The journal's record of upstream uploads, and the sweep that aborts abandoned ones."""
+
+    def __init__(self, journal: Journal, upstream: Upstream, clock: Clock) -> None:
+        self._journal = journal
+        self._upstream = upstream
+        self._clock = clock
+        self._open: set[str] = set()
+
+    def is_open(self, upload_id: str) -> bool:
+        return upload_id in self._open
+
+    async def begin(self, bucket: str, key: str) -> str:
+        """Record the intent to create an upload of ``key``; returns the intent's id."""
+        intent = INTENT_PREFIX + uuid.uuid4().hex
+        self._open.add(intent)
+        await self._journal.record_upstream_upload(intent, bucket, key, self._clock.wall())
+        return intent
+
+    async def end(self, intent: str) -> None:
+        """The upload begun as ``intent`` is completed or aborted (its own row is gone)."""
+        self._open.discard(intent)
+        await self._journal.forget_upstream_upload(intent)
+
+    async def track(self, upload_id: str, bucket: str, key: str, done: bool) -> None:
+        """``UploadTracker`` for ``Upstream.put_multipart``: the upload's own row."""
+        if done:
+            self._open.discard(upload_id)
+            await self._journal.forget_upstream_upload(upload_id)
+        else:
+            self._open.add(upload_id)
+            await self._journal.record_upstream_upload(upload_id, bucket, key, self._clock.wall())
+
+    async def sweep(self) -> None:
+        """Abort every recorded upload, or upload matching a recorded intent, that no task
+        holds open. Uploads known by id go first, so an intent finds only the unknown ones."""
+        records = await self._journal.upstream_upload_records()
+        records.sort(key=lambda r: r[0].startswith(INTENT_PREFIX))
+        for upload_id, bucket, key, created_s in records:
+            if upload_id in self._open:
+                continue
+            if upload_id.startswith(INTENT_PREFIX):
+                gone = await self._abort_unknown(bucket, key, created_s)
+            else:
+                gone = await self._upstream.abort_multipart(bucket, key, upload_id)
+                if gone:
+                    log.info(
+                        "aborted abandoned upstream upload %s of %s/%s", upload_id, bucket, key
+                    )
+            if gone:
+                await self._journal.forget_upstream_upload(upload_id)
+
+    async def _abort_unknown(self, bucket: str, key: str, since_s: float) -> bool:
+        """Abort the open uploads of ``key`` initiated since ``since_s`` that no task holds;
+        True when none is left (the intent can be forgotten)."""
+        try:
+            found = await self._upstream.list_open_uploads(bucket, key)
+        except FlushError as exc:
+            log.warning("cannot list upstream uploads of %s/%s yet: %s", bucket, key, exc)
+            return False
+        gone = True
+        for upload_id, initiated_s in found:
+            if upload_id in self._open or initiated_s < since_s - CLOCK_SKEW_S:
+                continue
+            if await self._upstream.abort_multipart(bucket, key, upload_id):
+                log.info("aborted unrecorded upstream upload %s of %s/%s", upload_id, bucket, key)
+            else:
+                gone = False
+        return gone
