@@ -49,8 +49,16 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.app import serve
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(settings))
+    from gateway.admin.auth import AdminTokenError
+    from gateway.s3.credentials import CredentialsError
+
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(settings))
+    except (CredentialsError, AdminTokenError) as exc:
+        # Read at start-up, after the flags were parsed: still a configuration error.
+        sys.stderr.write(f"gateway: configuration error: {exc}\n")
+        return 2
     return 0
 
 

@@ -50,6 +50,20 @@ def test_admin_off_loopback_refuses_to_start_without_token(
     assert b"admin-token" in done.stderr
 
 
+def test_malformed_credentials_file_refuses_to_start(moto_server: str, tmp_path: Path) -> None:
+    """A file that parses to no mapping: a configuration error naming the file, exit 2, no
+    traceback and no secret in the message."""
+    bad = tmp_path / "creds.yaml"
+    bad.write_text("- AKIDLISTNOTAMAPPING\n- list-secret-never-printed\n")
+    gw = GatewayProcess(tmp_path / "data", moto_server)
+    cmd = [*gw.command(), "--credentials-file", str(bad)]
+    done = subprocess.run(cmd, env=gw.environment(), capture_output=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert b"configuration error" in done.stderr and str(bad).encode() in done.stderr
+    assert b"Traceback" not in done.stderr
+    assert b"list-secret-never-printed" not in done.stderr
+
+
 def test_missing_credentials_file_refuses_to_start(moto_server: str, tmp_path: Path) -> None:
     gw = GatewayProcess(tmp_path / "data", moto_server)
     cmd = [*gw.command(), "--credentials-file", str(tmp_path / "absent.yaml")]
