@@ -47,9 +47,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     import uvloop
 
-    from gateway.app import serve
-
     from gateway.admin.auth import AdminTokenError
+    from gateway.app import serve
     from gateway.s3.credentials import CredentialsError
 
     try:
