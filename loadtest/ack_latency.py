@@ -493,7 +493,7 @@ class GatewayProcess:
         """The last lines of the gateway's output, access-log lines left out."""
         with contextlib.suppress(OSError):
             text = self.log_path.read_text(errors="replace").splitlines()
-            kept = [line for line in text if "aiohttp.access" not in line]
+            kept = [line for line in text if "gateway.access" not in line]
             return "\n".join(kept[-lines:])
         return "(no log)"
 
