@@ -194,8 +194,10 @@ def calibrate(workdir: Path, profile: Profile, extra: list[str], rounds: int) ->
 ADAPT_S = 3.0
 
 
-def emulator_figures(url: str, started_wall: float) -> dict[str, Any]:
+def emulator_figures(url: str, started_wall: float, log_path: Path | None = None) -> dict[str, Any]:
     _, log = http(url + "/_emulator/log", timeout=120)
+    if log_path is not None:  # kept with --keep: per-prefix timelines for analysis
+        log_path.write_text("".join(json.dumps(e) + "\n" for e in log))
     ops = Counter(e["op"] for e in log)
     slowdowns = sum(e["code"] == "SlowDown" for e in log)
     writes = [e for e in log if e["op"] in WRITE_OPS]
@@ -290,7 +292,9 @@ def gateway_leg(
                 "drain_from_start_s": round(drained_at, 3),
                 "drain_from_last_ack_s": round(drained_at - result.stall, 3),
                 "gateway_status": status_doc,
-                "emulator": emulator_figures(url, result.started_wall),
+                "emulator": emulator_figures(
+                    url, result.started_wall, workdir / "gateway-emulator-requests.jsonl"
+                ),
                 "verify": verify(url, result, bodies, acked_only=True),
             }
         finally:

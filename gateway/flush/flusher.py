@@ -387,7 +387,10 @@ class Flusher:
             await self._journal.mark_failed(obj, str(exc))
             return
         self._note_transient(lane, exc)
-        delay = self._backoff.delay_s(obj.attempts, exc.retry_after_s)
+        # A throttle is paced by the lane's (cut) rate: the row's own backoff does not grow
+        # with its attempts too, or a lane's last rows would idle for seconds at its end.
+        tries = 0 if isinstance(exc, Throttled) else obj.attempts
+        delay = self._backoff.delay_s(tries, exc.retry_after_s)
         log.warning(
             "flush of %s/%s failed (try %d), retrying in %.2fs: %s",
             obj.meta.bucket,

@@ -42,6 +42,12 @@ class TokenBucket:
             self.burst = burst
             self._tokens = min(self._tokens, burst)
 
+    def forgive(self, now_s: float) -> None:
+        """Drop the debt of the reservations made so far: their holders MUST reserve again
+        (a rate cut re-times queued requests; kept, their old debt would be paid twice)."""
+        self._refill(now_s)
+        self._tokens = max(self._tokens, 0.0)
+
     def reserve(self, n: float, now_s: float) -> float:
         """Take ``n`` tokens; seconds to wait before they are really there (0 if now)."""
         if self.unlimited:
@@ -54,13 +60,34 @@ class TokenBucket:
 class AimdRate:
     """Additive-increase / multiplicative-decrease request rate of one lane.
 
-    - On a throttle the rate drops to ``decrease`` times the lower of the current limit and
-      the rate actually sent over the last ``window_s`` (cutting a limit the lane never
-      reached would take many rounds to bite); at most once per ``window_s``, because one
-      overload answers several requests in flight with 503 at once.
-    - Each success adds ``growth`` of the rate per second of successes (about +5 %/s),
-      up to ``ceiling_per_s``.
+    - On a throttle, once the lane has seen ``_MIN_SAMPLES`` successes in the last
+      measuring span (four ``window_s`` or ``_SAMPLES`` requests at the current rate,
+      whichever is longer), the rate drops to ``accepted_decrease`` times the lower of the current
+      limit and the rate the upstream actually accepted over that span: what a prefix
+      accepts while it throttles is its limit, so the cut lands just under it in one step.
+      The accepted rate is measured between the first and the last success of the span,
+      and only once they are a window apart (a burst of successes is no rate). Before
+      that, it halves (``decrease``) the lower of the limit and the rate sent over the
+      span (a limit never reached would take many cuts to bite), but not below
+      ``accepted_decrease`` times the successes so far per second since the first: while
+      a lane pushes, that figure is above the prefix's limit and falls towards it.
+    - At most one cut per ``window_s`` or two requests at the current rate, whichever is
+      longer: one overload answers every request in flight with 503 at once.
+    - Each success adds ``growth_per_request`` of the rate, but no more than ``growth``
+      of the rate per second of successes: slow lanes probe upward by requests (about 350
+      successes to double), fast lanes by seconds (+5 %/s), so a lane near a limit of one
+      request per second does not overshoot it every few requests.
+    - Below the level of its measured cuts (``accepted_decrease`` x the accepted rate,
+      known to be accepted; the highest, fading by ``accepted_decrease`` at each later
+      cut), a success adds ``recovery_per_request`` of the rate instead:
+      a lane cut deeper by a stray 503 (timing jitter) or by cuts made before the accepted
+      rate was known returns to that level in a few requests, not a few hundred.
     """
+
+    _MIN_SAMPLES = 3  # successes before the accepted rate is trusted
+    _SAMPLES = 8  # the measuring span holds this many requests at the current rate
+    _SPAN_WINDOWS = 4  # and lasts at least this many windows
+    _MAX_KEPT = 4096  # successes remembered at most (a fast lane's span holds thousands)
 
     def __init__(
         self,
@@ -69,17 +96,25 @@ class AimdRate:
         now_s: float,
         *,
         decrease: float = 0.5,
+        accepted_decrease: float = 0.9,
         growth: float = 0.05,
+        growth_per_request: float = 0.002,
+        recovery_per_request: float = 0.1,
         window_s: float = 1.0,
     ) -> None:
         self.ceiling_per_s = ceiling_per_s
         self.floor_per_s = min(floor_per_s, ceiling_per_s)
         self.rate_per_s = ceiling_per_s
         self._decrease = decrease
+        self._accepted_decrease = accepted_decrease
         self._growth = growth
+        self._growth_per_request = growth_per_request
+        self._recovery_per_request = recovery_per_request
+        self._known_good_per_s = 0.0  # the level of the last cut to a measured rate
         self._window_s = window_s
-        self._last_cut_s = now_s - window_s
+        self._last_cut_s = -float("inf")
         self._sent: deque[float] = deque()
+        self._accepted: deque[float] = deque(maxlen=self._MAX_KEPT)
 
     def on_send(self, now_s: float) -> None:
         """A request was sent (to measure the rate actually achieved)."""
@@ -87,24 +122,67 @@ class AimdRate:
         self._trim(now_s)
 
     def sent_rate_per_s(self, now_s: float) -> float:
-        """Requests sent within the last window (a send scheduled later is not counted)."""
+        """Requests sent per second over the measuring span (a send scheduled later is not
+        counted): at one request per second, a one-second window would often read 0."""
         self._trim(now_s)
-        return sum(1 for t in self._sent if t <= now_s) / self._window_s
+        sent = [t for t in self._sent if t <= now_s]
+        if not sent:
+            return 0.0
+        # Over the span, or since the first send if the lane is younger (a window at least).
+        return len(sent) / max(self._window_s, min(self._span_s(), now_s - sent[0]))
+
+    def _span_s(self) -> float:
+        return max(self._SPAN_WINDOWS * self._window_s, self._SAMPLES / self.rate_per_s)
+
+    def accepted_rate_per_s(self, now_s: float) -> float | None:
+        """Successes per second over the measuring span (None until there are enough)."""
+        span_s = self._span_s()
+        while self._accepted and self._accepted[0] < now_s - span_s:
+            self._accepted.popleft()
+        count = len(self._accepted)
+        if count < self._MIN_SAMPLES or now_s - self._accepted[0] < self._window_s:
+            return None  # too few, or seen for too short a time (a burst is no rate)
+        first_s, last_s = self._accepted[0], self._accepted[-1]
+        return (count - 1) / (last_s - first_s) if last_s > first_s else None
 
     def _trim(self, now_s: float) -> None:
-        while self._sent and self._sent[0] < now_s - self._window_s:
+        while self._sent and self._sent[0] < now_s - self._span_s():
             self._sent.popleft()
 
     def on_throttle(self, now_s: float) -> bool:
         """Cut the rate (unless cut within the last window). True if it was cut."""
-        if now_s - self._last_cut_s < self._window_s:
+        if now_s - self._last_cut_s < max(self._window_s, 2.0 / self.rate_per_s):
             return False
-        base = min(self.rate_per_s, max(self.sent_rate_per_s(now_s), self.floor_per_s))
-        self.rate_per_s = max(self.floor_per_s, base * self._decrease)
+        cut, level = self._cut(now_s)
+        self.rate_per_s = max(self.floor_per_s, cut)
+        if level is not None:
+            # Remembered as known to be accepted; an older level fades by a cut's worth, so
+            # a prefix whose limit really fell is not pushed back up to its old one.
+            self._known_good_per_s = max(level, self._known_good_per_s * self._accepted_decrease)
         self._last_cut_s = now_s
         return True
 
+    def _cut(self, now_s: float) -> tuple[float, float | None]:
+        """The rate after a cut, and the level measured from successes (None if none)."""
+        accepted = self.accepted_rate_per_s(now_s)
+        if accepted is not None:
+            level = accepted * self._accepted_decrease
+            return min(self.rate_per_s * self._accepted_decrease, level), level
+        sent = max(self.sent_rate_per_s(now_s), self.floor_per_s)
+        cut = min(self.rate_per_s, sent) * self._decrease
+        if self._accepted and now_s - self._accepted[0] >= self._window_s:
+            # The successes so far, over the time since the first, bound the prefix's
+            # limit from above and tend to it: no need to halve below that bound.
+            level = len(self._accepted) / (now_s - self._accepted[0]) * self._accepted_decrease
+            return max(cut, min(self.rate_per_s * self._accepted_decrease, level)), level
+        return cut, None
+
     def on_success(self, now_s: float) -> None:
-        """One successful request: grow by ``growth`` of the rate per second of them."""
-        step = max(1.0, self._growth * self.rate_per_s) / max(self.rate_per_s, 1.0)
+        """One successful request: the rate grows (see the class docstring)."""
+        self._accepted.append(now_s)
+        if self.rate_per_s < self._known_good_per_s:
+            grown = self.rate_per_s * (1.0 + self._recovery_per_request)
+            self.rate_per_s = min(self._known_good_per_s, grown)
+            return
+        step = min(self._growth_per_request * self.rate_per_s, self._growth)
         self.rate_per_s = min(self.ceiling_per_s, self.rate_per_s + step)
