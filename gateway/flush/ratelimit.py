@@ -68,18 +68,19 @@ class AimdRate:
       The accepted rate is measured between the first and the last success of the span,
       and only once they are a window apart (a burst of successes is no rate). Before
       that, it halves (``decrease``) the lower of the limit and the rate sent over the
-      span (a limit never reached would take many cuts to bite), but not below
-      ``accepted_decrease`` times the successes so far per second since the first: while
-      a lane pushes, that figure is above the prefix's limit and falls towards it.
-    - At most one cut per ``window_s`` or two requests at the current rate, whichever is
-      longer: one overload answers every request in flight with 503 at once.
+      span (a limit never reached would take many cuts to bite); or, once the first
+      success is a window old, it goes to ``accepted_decrease`` times the successes so far
+      per second since the first: while a lane pushes, that figure is above the prefix's
+      limit and falls towards it.
+    - At most one cut per ``window_s`` or one request interval at the current rate,
+      whichever is longer: one overload answers every request in flight with 503 at once.
     - Each success adds ``growth_per_request`` of the rate, but no more than ``growth``
       of the rate per second of successes: slow lanes probe upward by requests (about 350
       successes to double), fast lanes by seconds (+5 %/s), so a lane near a limit of one
       request per second does not overshoot it every few requests.
-    - Below the level of its measured cuts (``accepted_decrease`` x the accepted rate,
-      known to be accepted; the highest, fading by ``accepted_decrease`` at each later
-      cut), a success adds ``recovery_per_request`` of the rate instead:
+    - Once a level was measured that way, later throttles are marginal ones: the rate is
+      cut by ``marginal_decrease`` and the level follows it down.
+    - Below the measured level, a success adds ``recovery_per_request`` of the rate instead:
       a lane cut deeper by a stray 503 (timing jitter) or by cuts made before the accepted
       rate was known returns to that level in a few requests, not a few hundred.
     """
@@ -97,6 +98,7 @@ class AimdRate:
         *,
         decrease: float = 0.5,
         accepted_decrease: float = 0.9,
+        marginal_decrease: float = 0.85,
         growth: float = 0.05,
         growth_per_request: float = 0.002,
         recovery_per_request: float = 0.1,
@@ -107,6 +109,7 @@ class AimdRate:
         self.rate_per_s = ceiling_per_s
         self._decrease = decrease
         self._accepted_decrease = accepted_decrease
+        self._marginal_decrease = marginal_decrease
         self._growth = growth
         self._growth_per_request = growth_per_request
         self._recovery_per_request = recovery_per_request
@@ -151,7 +154,7 @@ class AimdRate:
 
     def on_throttle(self, now_s: float) -> bool:
         """Cut the rate (unless cut within the last window). True if it was cut."""
-        if now_s - self._last_cut_s < max(self._window_s, 2.0 / self.rate_per_s):
+        if now_s - self._last_cut_s < max(self._window_s, 1.0 / self.rate_per_s):
             return False
         cut, level = self._cut(now_s)
         self.rate_per_s = max(self.floor_per_s, cut)
@@ -164,18 +167,25 @@ class AimdRate:
 
     def _cut(self, now_s: float) -> tuple[float, float | None]:
         """The rate after a cut, and the level measured from successes (None if none)."""
+        if self._known_good_per_s > 0:
+            # Measured once: the lane is near the limit and the 503 is a marginal one. A
+            # prefix with a small burst accepts about half of what a lane a little over its
+            # limit offers (each early request wastes a slot), so successes now would read
+            # far below the limit: cut the rate gently and lower the level to it instead.
+            cut = self.rate_per_s * self._marginal_decrease
+            self._known_good_per_s = 0.0
+            return cut, cut
         accepted = self.accepted_rate_per_s(now_s)
         if accepted is not None:
             level = accepted * self._accepted_decrease
             return min(self.rate_per_s * self._accepted_decrease, level), level
-        sent = max(self.sent_rate_per_s(now_s), self.floor_per_s)
-        cut = min(self.rate_per_s, sent) * self._decrease
         if self._accepted and now_s - self._accepted[0] >= self._window_s:
             # The successes so far, over the time since the first, bound the prefix's
-            # limit from above and tend to it: no need to halve below that bound.
+            # limit from above and tend to it while the lane pushes: cut to just under.
             level = len(self._accepted) / (now_s - self._accepted[0]) * self._accepted_decrease
-            return max(cut, min(self.rate_per_s * self._accepted_decrease, level)), level
-        return cut, None
+            return min(self.rate_per_s * self._accepted_decrease, level), level
+        sent = max(self.sent_rate_per_s(now_s), self.floor_per_s)
+        return min(self.rate_per_s, sent) * self._decrease, None
 
     def on_success(self, now_s: float) -> None:
         """One successful request: the rate grows (see the class docstring)."""

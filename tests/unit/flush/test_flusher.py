@@ -20,6 +20,7 @@ from fakes import FakeUpstream
 from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.flush.backoff import Backoff
 from gateway.flush.flusher import Flusher
+from gateway.flush.lanes import LaneConfig
 from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import (
@@ -351,7 +352,10 @@ async def test_flusher_throttle_retry_delay_does_not_grow_with_attempts(
         Throttled("503"), Throttled("503"), Throttled("503"), Retryable("500"), Retryable("500")
     )
     backoff = _RecordingBackoff()
-    flusher = Flusher(journal, blobs, upstream, SteppingClock(), concurrency=4, backoff=backoff)
+    lanes = LaneConfig(min_rate_per_s=1000.0)  # lane cuts stay fast: only backoff matters
+    flusher = Flusher(
+        journal, blobs, upstream, SteppingClock(), concurrency=4, backoff=backoff, lanes=lanes
+    )
 
     async with _running(flusher):
         await _write(journal, blobs, "hot/prefix", b"payload")
