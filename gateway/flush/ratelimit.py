@@ -7,6 +7,7 @@ settles just under what the upstream accepts for that prefix instead of oscillat
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 
@@ -66,7 +67,9 @@ class AimdRate:
       limit and the rate the upstream actually accepted over that span: what a prefix
       accepts while it throttles is its limit, so the cut lands just under it in one step.
       The accepted rate is measured between the first and the last success of the span,
-      and only once they are a window apart (a burst of successes is no rate). Before
+      and only once they are a window apart (a burst of successes is no rate); it is
+      never taken above one over the median gap between successes (a prefix whose bucket
+      starts full answers its first requests at once, which a count would take as rate). Before
       that, it halves (``decrease``) the lower of the limit and the rate sent over the
       span (a limit never reached would take many cuts to bite); or, once the first
       success is a window old, it goes to ``accepted_decrease`` times the successes so far
@@ -146,7 +149,18 @@ class AimdRate:
         if count < self._MIN_SAMPLES or now_s - self._accepted[0] < self._window_s:
             return None  # too few, or seen for too short a time (a burst is no rate)
         first_s, last_s = self._accepted[0], self._accepted[-1]
-        return (count - 1) / (last_s - first_s) if last_s > first_s else None
+        if last_s <= first_s:
+            return None
+        return min((count - 1) / (last_s - first_s), self._typical_rate_per_s())
+
+    def _typical_rate_per_s(self) -> float:
+        """One over the (upper) median gap between successes: a clump of successes (the
+        prefix's bucket was full) does not count as a rate, as it does in a plain count."""
+        times = list(self._accepted)
+        gaps = sorted(b - a for a, b in itertools.pairwise(times))
+        if not gaps or gaps[len(gaps) // 2] <= 0:
+            return float("inf")
+        return 1.0 / gaps[len(gaps) // 2]
 
     def _trim(self, now_s: float) -> None:
         while self._sent and self._sent[0] < now_s - self._span_s():
@@ -182,7 +196,8 @@ class AimdRate:
         if self._accepted and now_s - self._accepted[0] >= self._window_s:
             # The successes so far, over the time since the first, bound the prefix's
             # limit from above and tend to it while the lane pushes: cut to just under.
-            level = len(self._accepted) / (now_s - self._accepted[0]) * self._accepted_decrease
+            seen = len(self._accepted) / (now_s - self._accepted[0])
+            level = min(seen, self._typical_rate_per_s()) * self._accepted_decrease
             return min(self.rate_per_s * self._accepted_decrease, level), level
         sent = max(self.sent_rate_per_s(now_s), self.floor_per_s)
         return min(self.rate_per_s, sent) * self._decrease, None

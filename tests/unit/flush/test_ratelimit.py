@@ -324,7 +324,8 @@ def test_aimd_recovers_quickly_to_the_last_measured_level_then_probes_slowly() -
 def test_aimd_without_an_accepted_rate_the_cut_stops_at_successes_seen() -> None:
     """Two successes 1.2 s apart and a 503 at 2.2 s (a prefix of ~1/s): halving what was
     sent (3 in 2.2 s) would give 0.68/s; the successes seen so far per second (2 / 2.2 s)
-    bound the limit from above, so the cut stops at 0.9 x that."""
+    and one over their median gap (1 / 1.2 s) bound the limit from above: the cut goes to
+    0.9 x the lower."""
     rate = AimdRate(3500.0, 0.1, 0.0)
     rate.rate_per_s = 4.0
     for t in (0.0, 1.2, 2.2):
@@ -333,7 +334,7 @@ def test_aimd_without_an_accepted_rate_the_cut_stops_at_successes_seen() -> None
     rate.on_success(1.2)
     assert rate.accepted_rate_per_s(2.2) is None  # two successes are too few
     assert rate.on_throttle(2.2)
-    assert rate.rate_per_s == pytest.approx(0.9 * 2 / 2.2)
+    assert rate.rate_per_s == pytest.approx(0.9 / 1.2)
 
 
 def test_aimd_after_a_measured_cut_later_cuts_are_gentle() -> None:
@@ -357,3 +358,15 @@ def test_aimd_after_a_measured_cut_later_cuts_are_gentle() -> None:
     for t in range(14, 30):
         rate.on_success(float(t))
     assert 0.85 <= rate.rate_per_s <= 0.85 * 1.002**16
+
+
+def test_aimd_a_clump_of_early_successes_is_not_taken_as_rate() -> None:
+    """A prefix whose bucket holds two requests answers the first two at once, then one
+    per 1.1 s: the count reads 3 / 2.2 s = 1.36/s; the median gap says 0.91/s."""
+    rate = AimdRate(3500.0, 0.1, 0.0)
+    rate.rate_per_s = 4.0
+    for t in (0.0, 0.01, 1.11, 2.21):
+        rate.on_success(t)
+    assert rate.accepted_rate_per_s(2.3) == pytest.approx(1 / 1.1)  # not 3 / 2.21
+    assert rate.on_throttle(2.3)
+    assert rate.rate_per_s == pytest.approx(0.9 / 1.1)
