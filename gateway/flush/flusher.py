@@ -11,8 +11,11 @@ Worker contract (after Garage's workers and rclone's write-back queue):
   them; what is left is pending on disk and resumes at the next start.
 
 Flow control: claims go through ``FlushPolicy`` (write-back delay, temp holds, lane room,
-commit ordering); every upload then passes ``_admit``, which takes tokens from the global
-and the lane's buckets; outcomes feed the lane's adaptive rate (AIMD) and ``Retry-After``.
+commit ordering); every request then passes ``_slot``: first its lane's tokens, then one of
+the ``concurrency`` global slots and the global tokens, in that order, so a request held
+back by its lane holds neither a global slot nor a global token while it waits (a fast
+lane never queues behind slow lanes' backlog, and the global rate holds whatever the
+lanes do). Outcomes feed the lane's adaptive rate (AIMD) and ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
@@ -43,6 +46,9 @@ log = logging.getLogger(__name__)
 _IDLE_POLL_S = 1.0  # re-check for rows whose backoff has expired
 _REQUEST_TRIES = 8  # tries of one part (or completion) before the whole upload is retried
 _SWEEP_INTERVAL_S = 60.0  # how often recorded, no longer open upstream uploads are aborted
+# Upload tasks at most, per global slot: tasks waiting for their lane's tokens take no slot,
+# but each holds an open blob, so their number is still bounded.
+_TASKS_PER_SLOT = 4
 T = TypeVar("T")
 
 
@@ -101,6 +107,9 @@ class Flusher:
         self._resumed.set()
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(concurrency)  # requests sent or about to be
+        self._lane_waiting = 0  # tasks waiting for their lane's tokens (no slot held)
+        self._room = asyncio.Event()  # set when claim room may have appeared
         self._by_key: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._uploads_ok = 0
         self._uploads_failed = 0
@@ -140,6 +149,7 @@ class Flusher:
         self._stopping = True
         self._journal.pending_event.set()
         self._resumed.set()
+        self._room.set()
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=deadline_s)
             for task in late:
@@ -156,12 +166,14 @@ class Flusher:
             await self._resumed.wait()
             if self._stopping:
                 break
-            if len(self._tasks) >= self._concurrency:
-                await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+            room = self._claim_room()
+            if room <= 0:
+                self._room.clear()
+                await self._room.wait()
                 continue
             self._journal.pending_event.clear()
             claimed = await self._journal.claim(
-                self._concurrency - len(self._tasks),
+                room,
                 self._clock.wall(),
                 self.policy.round(self._clock.monotonic()),
             )
@@ -174,6 +186,13 @@ class Flusher:
                 await self._abort_abandoned_uploads()
             if not claimed.objects:
                 await self._idle(claimed.wake_s)
+
+    def _claim_room(self) -> int:
+        """How many rows to claim now: free global slots, counting a task waiting for its
+        lane's tokens as not holding one, within the bound on tasks."""
+        active = len(self._tasks) - self._lane_waiting
+        bound = _TASKS_PER_SLOT * self._concurrency
+        return min(self._concurrency - active, bound - len(self._tasks))
 
     async def _idle(self, held_until_s: float | None) -> None:
         """Sleep until new work, a finished upload, or the next held/backed-off row."""
@@ -205,6 +224,7 @@ class Flusher:
         self._by_key[ident] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._room.set())
         task.add_done_callback(lambda t: self._forget(ident, t))
 
     def _forget(self, ident: tuple[str, str], task: asyncio.Task[None]) -> None:
@@ -242,20 +262,35 @@ class Flusher:
             metrics.FLUSH_BYTES.inc(obj.meta.size_bytes)
         log.debug("flushed %s/%s seq=%d", obj.meta.bucket, obj.meta.key, obj.seq)
 
-    async def _admit(self, lane: Lane, requests: int, size_bytes: int) -> None:
-        """Wait for tokens: the global buckets and the lane's (requests and bytes). A wait
-        timed before the lane's rate was cut is taken again at the new rate, so a cut
-        slows the requests already queued, not only later ones."""
-        while True:
-            cuts = lane.cuts
+    @contextlib.asynccontextmanager
+    async def _slot(self, lane: Lane, requests: int, size_bytes: int) -> AsyncIterator[None]:
+        """Admission of one request, sent inside the ``async with``: the lane's tokens,
+        then a global slot, then the global tokens. Global tokens are taken only when the
+        lane lets the request go, so none is spent on a moment the request cannot use."""
+        await self._lane_tokens(lane, requests, size_bytes)
+        async with self._slots:
             now_s = self._clock.monotonic()
             wait_s = max(
-                self._requests.reserve(requests, now_s),
-                self._bandwidth.reserve(size_bytes, now_s),
-                lane.reserve(requests, size_bytes, now_s),
+                self._requests.reserve(requests, now_s), self._bandwidth.reserve(size_bytes, now_s)
             )
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
+            yield
+
+    async def _lane_tokens(self, lane: Lane, requests: int, size_bytes: int) -> None:
+        """Wait for the lane's tokens (requests and bytes). A wait timed before the lane's
+        rate was cut is taken again at the new rate, so a cut slows the requests already
+        queued, not only later ones. While waiting, the task counts as holding no slot."""
+        while True:
+            cuts = lane.cuts
+            wait_s = lane.reserve(requests, size_bytes, self._clock.monotonic())
+            if wait_s > 0:
+                self._lane_waiting += 1
+                self._room.set()
+                try:
+                    await asyncio.sleep(wait_s)
+                finally:
+                    self._lane_waiting -= 1
             if lane.cuts == cuts:
                 return
 
@@ -265,8 +300,8 @@ class Flusher:
                 # A temp key that lived and died here: it never reached the upstream, and
                 # temp names are not expected there from elsewhere. Nothing to send.
                 return
-            await self._admit(lane, 1, 0)
-            await self._upstream.delete_object(obj.meta.bucket, obj.meta.key)
+            async with self._slot(lane, 1, 0):
+                await self._upstream.delete_object(obj.meta.bucket, obj.meta.key)
             return
         with contextlib.ExitStack() as files:
             try:
@@ -295,11 +330,14 @@ class Flusher:
                 # upstream checks it (moto does not): a bad body MUST NOT become the
                 # bucket's latest version, so check before sending (usually page cache).
                 await _require_md5(opened[0], obj.meta.etag)
-                await self._admit(lane, 1, obj.meta.size_bytes)
-                etag = await self._upstream.put_object(obj.meta, opened[0])
+                async with self._slot(lane, 1, obj.meta.size_bytes):
+                    etag = await self._upstream.put_object(obj.meta, opened[0])
                 _check_etag(etag, obj.meta.etag)
                 return
-            await self._admit(lane, 1, 0)  # CreateMultipartUpload; each part paces itself
+            # CreateMultipartUpload takes its tokens here but is sent by put_multipart,
+            # outside the slot; each part and the completion hold a slot while sent.
+            async with self._slot(lane, 1, 0):
+                pass
 
             async def run(size_bytes: int, send: Callable[[], Awaitable[T]]) -> T:
                 return await self._send_request(lane, size_bytes, send)
@@ -314,9 +352,9 @@ class Flusher:
         tries with backoff on throttles and transient errors, so one 503 costs one retried
         part rather than a restarted upload."""
         for attempt in range(_REQUEST_TRIES):
-            await self._admit(lane, 1, size_bytes)
             try:
-                return await send()
+                async with self._slot(lane, 1, size_bytes):
+                    return await send()
             except (Throttled, Retryable) as exc:
                 self._note_transient(lane, exc)
                 if attempt + 1 == _REQUEST_TRIES:
@@ -362,7 +400,10 @@ class Flusher:
             await self._journal.mark_failed(obj, error)
             return
         self._note_transient(lane, exc)
-        delay = self._backoff.delay_s(obj.attempts, exc.retry_after_s)
+        # A throttle is paced by the lane's (cut) rate: the row's own backoff does not grow
+        # with its attempts too, or a lane's last rows would idle for seconds at its end.
+        tries = 0 if isinstance(exc, Throttled) else obj.attempts
+        delay = self._backoff.delay_s(tries, exc.retry_after_s)
         log.warning(
             "flush of %s/%s failed (try %d), retrying in %.2fs: %s",
             obj.meta.bucket,

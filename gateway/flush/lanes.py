@@ -92,7 +92,12 @@ class Lane:
     def on_throttle(self, now_s: float, retry_after_s: float | None) -> None:
         self.throttles += 1
         if self.rate.on_throttle(now_s):
+            # Every request waiting for this lane's tokens reserves again at the new rate
+            # (the flusher checks ``cuts``), so the debt they ran up is dropped, not paid
+            # twice: kept, it idled a lane of one request per second for 15 s after a cut.
             self.cuts += 1
+            self.requests.forgive(now_s)
+            self.bandwidth.forgive(now_s)
             self._apply_rate(now_s)
         if retry_after_s:
             self.paused_until_s = max(self.paused_until_s, now_s + retry_after_s)

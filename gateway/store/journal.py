@@ -180,6 +180,7 @@ class Journal:
         conn = self._connect()
         conn.executescript(resources.files("gateway.store").joinpath("schema.sql").read_text())
         migrate(conn)
+        _migrate_fence_seq(conn)
         # Recovery: uploads in flight when the process died never completed as far as we know.
         conn.execute("UPDATE objects SET state = 'pending' WHERE state = 'flushing'")
         row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM objects").fetchone()
@@ -314,16 +315,19 @@ class Journal:
     ) -> tuple[LocalObject, list[str]]:
         """Inside a write op: replace the key's row; return it and the blobs it superseded."""
         old = conn.execute(
-            "SELECT blob_id, parts, state, flushed_before FROM objects "
-            "WHERE bucket = ? AND key = ?",
+            "SELECT blob_id, parts, state, flushed_before, COALESCE(fence_seq, seq) "
+            "FROM objects WHERE bucket = ? AND key = ?",
             (meta.bucket, meta.key),
         ).fetchone()
         # Whether we ever sent (or are sending) an older version of this key upstream.
         flushed_before = old is not None and (bool(old[3]) or old[2] != FlushState.PENDING.value)
         seq = self._next_seq
+        # A superseded version that was not durable yet keeps the key inside the drain fences
+        # taken after its ack: the fence waits for the version that replaces it.
+        fence_seq = int(old[4]) if old and old[2] != FlushState.DURABLE.value else seq
         conn.execute(
-            f"INSERT OR REPLACE INTO objects ({_COLUMNS}, not_before_s) "
-            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, 0)",
+            f"INSERT OR REPLACE INTO objects ({_COLUMNS}, not_before_s, fence_seq) "
+            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, 0, ?)",
             (
                 meta.bucket,
                 meta.key,
@@ -340,6 +344,7 @@ class Journal:
                 _parts_json(parts),
                 acked_s,
                 int(flushed_before),
+                fence_seq,
             ),
         )
         # Only advance once the statement succeeded (a failed op is rolled back alone).
@@ -615,12 +620,17 @@ class Journal:
         return self._next_seq - 1
 
     async def unflushed(self, bucket: str | None, prefix: str, max_seq: int) -> tuple[int, int]:
-        """Objects and bytes acknowledged at or before ``max_seq`` not yet durable upstream."""
+        """Objects and bytes acknowledged at or before ``max_seq`` not yet durable upstream.
+
+        A key counts if any version acknowledged at or before ``max_seq`` is not durable,
+        even if a later write replaced it (``fence_seq``): the fence then waits for the
+        newest version, since the one it covered will never be uploaded alone."""
 
         def op(conn: sqlite3.Connection) -> tuple[int, int]:
             sql = (
                 "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM objects "
-                "WHERE state != 'durable' AND seq <= ? AND substr(CAST(key AS BLOB), 1, ?) = ?"
+                "WHERE state != 'durable' AND COALESCE(fence_seq, seq) <= ? "
+                "AND substr(CAST(key AS BLOB), 1, ?) = ?"
             )
             args: list[Any] = [max_seq, *prefix_bytes(prefix)]
             if bucket is not None:
@@ -775,6 +785,14 @@ def _stats(conn: sqlite3.Connection) -> Stats:
         int(counters.get("flushed_bytes", 0)),
         int(cached),
     )
+
+
+def _migrate_fence_seq(conn: sqlite3.Connection) -> None:
+    """Add ``objects.fence_seq`` to a journal created before it existed (NULL reads as
+    ``seq``: the old fence, which is right for rows written before the upgrade)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(objects)")}
+    if "fence_seq" not in columns:
+        conn.execute("ALTER TABLE objects ADD COLUMN fence_seq INTEGER")
 
 
 def _bump(conn: sqlite3.Connection, name: str, by: int) -> None:

@@ -21,6 +21,10 @@ CREATE TABLE IF NOT EXISTS objects (
     not_before_s    REAL    NOT NULL DEFAULT 0,-- wall clock: earliest next flush attempt
     acked_s         REAL    NOT NULL,          -- wall clock of the acknowledgement
     flushed_before  INTEGER NOT NULL DEFAULT 0,-- 1: an older version was sent upstream by us
+    -- Drain fence: seq of the oldest acknowledged version of this key not yet durable
+    -- upstream (carried over while superseded versions are pending; = seq otherwise).
+    -- Added by a migration in Journal.open() for journals created without it (NULL = seq).
+    fence_seq       INTEGER,
     PRIMARY KEY (bucket, key)
 ) WITHOUT ROWID;
 

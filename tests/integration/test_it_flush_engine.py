@@ -428,15 +428,9 @@ def test_drain_fence_ignores_writes_after_the_call(rig_factory: Callable[..., Ri
     assert after["pending_objects"] == len(late_p1_keys)
 
 
-# -- known bugs (strict xfail: they pass once the gateway is fixed) ---------------------------
+# -- fixed bugs: drain fence over an overwrite, global rate and slots vs slow lanes ---------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="drain fence counts rows by their current seq: a key acknowledged before the call "
-    "and overwritten after it drops out of the fence, which reports drained=true although "
-    "neither version is upstream (admin/api.py drain -> journal.unflushed(seq <= fence))",
-)
 def test_drain_fence_covers_a_key_overwritten_after_the_call(
     rig_factory: Callable[..., Rig],
 ) -> None:
@@ -458,13 +452,6 @@ def test_drain_fence_covers_a_key_overwritten_after_the_call(
     assert result["drained"] is False, result
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="flusher._admit reserves the global and the lane token buckets at the same instant "
-    "and sleeps the longer wait: a request held by its lane spends a global token for a slot "
-    "that passes unused, then goes out on top of later requests' global slots, so the "
-    "upstream sees more than --flush-rate allows",
-)
 def test_global_request_rate_holds_when_lanes_are_slower(
     rig_factory: Callable[..., Rig],
 ) -> None:
@@ -485,12 +472,6 @@ def test_global_request_rate_holds_when_lanes_are_slower(
     assert busiest <= 5 * 2 + 1 + 2, busiest
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="uploads waiting for their lane's tokens (flusher._admit) keep their global "
-    "--flush-concurrency slot, and claims take the oldest rows first: four slow lanes fill "
-    "all 32 slots and refill them from their backlog, so a fast lane waits for their backlog",
-)
 def test_slow_lanes_do_not_take_every_global_slot(rig_factory: Callable[..., Rig]) -> None:
     """Default concurrency (32 global, 8 per lane) and ``--lane-bandwidth 32KiB``: four lanes
     of 16 objects of 32 KiB go at one object per second each; a lane of three tiny objects

@@ -20,6 +20,7 @@ from fakes import FakeUpstream
 from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.flush.backoff import Backoff
 from gateway.flush.flusher import Flusher
+from gateway.flush.lanes import LaneConfig
 from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import (
@@ -328,6 +329,40 @@ async def test_flusher_retries_throttled_upload_then_succeeds(
     row = await journal.get(BUCKET, "hot/prefix")
     assert row is not None
     assert (row.state, row.attempts, row.last_error) == (FlushState.DURABLE, 2, None)
+
+
+class _RecordingBackoff(Backoff):
+    """Records the attempt count each retry delay was drawn for."""
+
+    def __init__(self) -> None:
+        super().__init__(base_s=0.001, cap_s=0.01, rng=random.Random(1))
+        self.attempts: list[int] = []
+
+    def delay_s(self, attempt: int, retry_after_s: float | None = None) -> float:
+        self.attempts.append(attempt)
+        return super().delay_s(attempt, retry_after_s)
+
+
+async def test_flusher_throttle_retry_delay_does_not_grow_with_attempts(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    """A 503 is paced by the lane's cut rate: the row's backoff stays at its first step.
+    Other transient errors back off by the row's attempts as before."""
+    upstream.fail_puts(
+        Throttled("503"), Throttled("503"), Throttled("503"), Retryable("500"), Retryable("500")
+    )
+    backoff = _RecordingBackoff()
+    lanes = LaneConfig(min_rate_per_s=1000.0)  # lane cuts stay fast: only backoff matters
+    flusher = Flusher(
+        journal, blobs, upstream, SteppingClock(), concurrency=4, backoff=backoff, lanes=lanes
+    )
+
+    async with _running(flusher):
+        await _write(journal, blobs, "hot/prefix", b"payload")
+        await _drained(journal)
+
+    assert upstream.body(BUCKET, "hot/prefix") == b"payload"
+    assert backoff.attempts == [0, 0, 0, 3, 4]
 
 
 async def test_flusher_retries_failed_delete(

@@ -753,3 +753,119 @@ async def test_multipart_upload_takes_a_token_per_request(
     # part waits for its own (the fake upstream sends completion without the runner).
     assert sleeps.delays == pytest.approx([1.0, 2.0])
     assert upstream.multipart_parts[(BUCKET, "big")] == [16 * MiB, 1]
+
+
+# -- (h) lane waits take no global slot and no global token ----------------------------------
+
+
+class _VirtualTime:
+    """Stands in for ``asyncio`` inside the flusher module: ``sleep(d)`` waits until the
+    FakeClock reaches the caller's now + ``d``; ``tick()`` moves the clock to the earliest
+    sleeper's deadline and wakes every sleeper due then. With ``frozen`` the clock never
+    moves: a sleeper waits until the test ends."""
+
+    def __init__(self, clock: FakeClock, *, frozen: bool = False) -> None:
+        self._clock = clock
+        self._frozen = frozen
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._count = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay: float) -> None:
+        if delay <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._count += 1
+        self._sleepers.append((self._clock.monotonic() + delay, self._count, future))
+        await future
+
+    def tick(self) -> bool:
+        """Advance to the next deadline (False if nobody sleeps)."""
+        live = [s for s in self._sleepers if not s[2].done()]
+        if self._frozen or not live:
+            return False
+        due_s = min(s[0] for s in live)
+        self._clock.advance(max(0.0, due_s - self._clock.monotonic()))
+        for deadline_s, _, future in live:
+            if deadline_s <= due_s:
+                future.set_result(None)
+        self._sleepers = [s for s in live if not s[2].done()]
+        return True
+
+
+class _TimedUpstream(FakeUpstream):
+    """Records the clock reading at which each PUT was sent."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__([BUCKET])
+        self._clock = clock
+        self.sent: list[tuple[float, str]] = []
+
+    async def put_object(self, meta: ObjectMeta, body: BinaryIO | Path) -> str:
+        self.sent.append((self._clock.monotonic(), meta.key))
+        return await super().put_object(meta, body)
+
+
+def _most_in_window(times: list[float], window_s: float) -> int:
+    times = sorted(times)
+    return max(
+        sum(1 for t in times[i:] if t <= start + window_s + 1e-9) for i, start in enumerate(times)
+    )
+
+
+async def test_global_rate_holds_when_lanes_hold_requests_back(
+    journal: Journal, blobs: BlobStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Global 2/s (burst 1); lanes at 0.5/s: four slow lanes of three objects and eight
+    one-object lanes. Whatever the lanes do, no window sees more than the global bucket
+    allows (a request held by its lane must not spend a global token it cannot use)."""
+    virtual = _VirtualTime(clock)
+    monkeypatch.setattr(flusher_module, "asyncio", virtual)
+    upstream = _TimedUpstream(clock)
+    lanes = LaneConfig(depth=1, rate_per_s=0.5)
+    flusher = _flusher(
+        journal, blobs, upstream, clock, concurrency=32, lanes=lanes, rate_per_s=2.0, rate_burst=1.0
+    )
+    keys = [f"slow{lane}/{i}" for lane in range(4) for i in range(3)]
+    keys += [f"fast{lane}/0" for lane in range(8)]
+    flusher.pause()
+    async with _running(flusher):
+        for key in keys:
+            await _write(journal, blobs, clock, key, b"v")
+        flusher.resume()
+        while len(upstream.sent) < len(keys):
+            await asyncio.sleep(0.005)  # let every task reach its sleep or its send
+            virtual.tick()
+        await _drained(journal)
+    times = [t for t, _ in upstream.sent]
+    assert sorted(k for _, k in upstream.sent) == sorted(keys)
+    for window_s in (0.5, 1.0, 2.0, 4.0):
+        assert _most_in_window(times, window_s) <= 1 + 2.0 * window_s, window_s
+
+
+async def test_upload_waiting_for_its_lane_leaves_its_global_slot(
+    journal: Journal, blobs: BlobStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two global slots; a lane at 0.1/s with eight objects queued ahead of another lane's
+    one. The clock never moves, so the slow lane's later uploads wait for good: the fast
+    lane's object must still be sent (it may not queue behind their lane waits)."""
+    monkeypatch.setattr(flusher_module, "asyncio", _VirtualTime(clock, frozen=True))
+    upstream = _TimedUpstream(clock)
+    lanes = LaneConfig(depth=1, rate_per_s=0.1)
+    flusher = _flusher(journal, blobs, upstream, clock, concurrency=2, lanes=lanes)
+    flusher.pause()
+    async with _running(flusher):
+        for i in range(8):
+            await _write(journal, blobs, clock, f"slow/{i}", b"v")
+        await _write(journal, blobs, clock, "fast/0", b"f")
+        flusher.resume()
+
+        async def fast_sent() -> bool:
+            return any(k == "fast/0" for _, k in upstream.sent)
+
+        await _eventually(fast_sent)
+        assert [k for _, k in upstream.sent] == ["slow/0", "fast/0"]
+        assert _lane(flusher, "slow/").in_flight == 7  # all waiting for tokens, no slot

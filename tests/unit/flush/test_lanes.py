@@ -148,6 +148,18 @@ def test_lane_throttle_cuts_rate_and_its_bucket() -> None:
     assert status.throttles == 1
 
 
+def test_lane_cut_drops_the_debt_of_queued_requests_that_reserve_again() -> None:
+    lane = _lane(rate_per_s=4.0)
+    waits = [lane.reserve(1, 0, 100.0) for _ in range(8)]  # 4 now, 4 queued: 0.25..1 s
+    assert waits[-1] == pytest.approx(1.0)
+    lane.on_throttle(100.1, None)  # to 2/s (half of 8 sent in 1 s... capped by 4)
+    assert lane.rate.rate_per_s == pytest.approx(2.0)
+    # The four queued requests reserve again: 0.5 s apart at the new rate from the cut,
+    # not behind the 1 s of debt they had already run up.
+    again = [lane.reserve(1, 0, 100.1) for _ in range(4)]
+    assert again == pytest.approx([0.5, 1.0, 1.5, 2.0])
+
+
 def test_lane_throttles_within_a_window_count_but_cut_once() -> None:
     lane = _lane()
     lane.reserve(8, 0, 100.0)
@@ -171,7 +183,7 @@ def test_lane_success_grows_rate_and_its_bucket_up_to_the_ceiling() -> None:
     lane.on_throttle(100.0, None)
     assert lane.rate.rate_per_s == pytest.approx(5.0)
     lane.on_success(100.5)
-    assert lane.rate.rate_per_s == pytest.approx(5.2)  # +1/s spread over 5 successes
+    assert lane.rate.rate_per_s == pytest.approx(5.01)  # +0.2 % per success when slow
     assert lane.requests.rate_per_s == lane.rate.rate_per_s
     for _ in range(10_000):
         lane.on_success(101.0)
@@ -220,7 +232,8 @@ def _simulate_lane(limit_per_s: int, duration_s: float, concurrency: int) -> tup
     Returns (sent, throttled)."""
     latency_s = 0.02
     lane = Lane("bkt", "p/", LaneConfig(concurrency=concurrency), 0.0)
-    # (time, tie-breaker, what): "ready" -> reserve; "send" -> upstream; "ok"/"slow" -> answer
+    # (time, tie-breaker, what): "ready" -> reserve; "send<cuts>" -> upstream (reserve again
+    # if the lane was cut since); "ok"/"slow" -> answer
     events: list[tuple[float, int, str]] = [(0.0, i, "ready") for i in range(concurrency)]
     order = concurrency
     accepted: deque[float] = deque()
@@ -229,9 +242,10 @@ def _simulate_lane(limit_per_s: int, duration_s: float, concurrency: int) -> tup
         now_s, _, what = heapq.heappop(events)
         if now_s >= duration_s:
             break
-        if what == "ready":
-            at_s, what = now_s + lane.reserve(1, 0, now_s), "send"
-        elif what == "send":
+        if what == "ready" or (what.startswith("send") and what != f"send{lane.cuts}"):
+            # Reserve; a request timed before a cut reserves again (as the flusher does).
+            at_s, what = now_s + lane.reserve(1, 0, now_s), f"send{lane.cuts}"
+        elif what.startswith("send"):
             sent += 1
             while accepted and accepted[0] <= now_s - 1.0:
                 accepted.popleft()

@@ -123,12 +123,13 @@ def test_aimd_floor_never_exceeds_ceiling() -> None:
     assert rate.rate_per_s == 2.0
 
 
-def test_aimd_sent_rate_counts_the_last_window() -> None:
-    rate = AimdRate(100.0, 1.0, 0.0, window_s=2.0)
+def test_aimd_sent_rate_counts_the_measuring_span() -> None:
+    rate = AimdRate(100.0, 1.0, 0.0, window_s=2.0)  # span: 4 windows = 8 s
     for i in range(10):
         rate.on_send(i * 0.1)
-    assert rate.sent_rate_per_s(0.9) == 5.0  # 10 sends over a 2 s window
-    assert rate.sent_rate_per_s(2.45) == 2.5  # only those at 0.5..0.9 are left
+    assert rate.sent_rate_per_s(0.9) == 5.0  # 10 sends, at least one window (2 s)
+    assert rate.sent_rate_per_s(2.45) == pytest.approx(10 / 2.45)  # since the first send
+    assert rate.sent_rate_per_s(8.5) == pytest.approx(5 / 8.0)  # 0.5..0.9 left, over 8 s
     assert rate.sent_rate_per_s(10.0) == 0.0
 
 
@@ -187,15 +188,50 @@ def test_aimd_success_grows_five_percent_per_second_of_successes() -> None:
     assert rate.rate_per_s == pytest.approx(210.0)
 
 
-def test_aimd_success_grows_at_least_one_per_second_when_slow() -> None:
-    rate = AimdRate(1000.0, 1.0, 0.0)
-    rate.rate_per_s = 10.0
-    for _ in range(10):  # one second of successes at 10/s: +1/s (5 % would be +0.5)
+def test_aimd_slow_lane_grows_by_requests_not_by_seconds() -> None:
+    rate = AimdRate(1000.0, 0.1, 0.0)
+    rate.rate_per_s = 4.0
+    for _ in range(4):  # one second of successes at 4/s: +0.2 % each (+5 %/s is the cap)
         rate.on_success(0.0)
-    assert rate.rate_per_s == pytest.approx(11.0, rel=1e-2)
+    assert rate.rate_per_s == pytest.approx(4.0 * 1.002**4)
+    rate.rate_per_s = 0.9
+    for _ in range(10):  # ten successes near 1/s: +2 % in all, not +1/s per second
+        rate.on_success(0.0)
+    assert rate.rate_per_s == pytest.approx(0.9 * 1.002**10)
+
+
+def test_aimd_cut_lands_under_the_accepted_rate() -> None:
+    """The prefix accepted one request per 1.1 s while the lane offered 4/s: one cut takes
+    the lane to 0.9 x what was accepted, not half of what it offered."""
+    rate = AimdRate(3500.0, 0.1, 0.0)
+    rate.rate_per_s = 4.0
+    for i in range(4):
+        rate.on_success(i * 1.1)
+    assert rate.accepted_rate_per_s(3.4) == pytest.approx(3 / 3.3)
+    assert rate.on_throttle(3.4)
+    assert rate.rate_per_s == pytest.approx(0.9 * 3 / 3.3)
+
+
+def test_aimd_accepted_rate_ignores_a_burst() -> None:
+    """Ten successes within 50 ms are no rate: the first cut halves what was sent."""
+    rate = AimdRate(3500.0, 0.1, 0.0)
+    for i in range(10):
+        rate.on_send(i * 0.005)
+        rate.on_success(i * 0.005)
+    assert rate.accepted_rate_per_s(0.05) is None
+    assert rate.on_throttle(0.05)
+    assert rate.rate_per_s == pytest.approx(5.0)  # 10 sent in the last second, halved
+
+
+def test_aimd_one_cut_per_request_interval_at_a_slow_rate() -> None:
+    rate = AimdRate(3500.0, 0.1, 0.0)
     rate.rate_per_s = 0.5
-    rate.on_success(0.0)  # below 1/s, one success adds 1/s
-    assert rate.rate_per_s == pytest.approx(1.5)
+    rate.on_send(9.0)
+    rate.on_send(9.5)
+    assert rate.on_throttle(10.0)
+    assert rate.rate_per_s == pytest.approx(0.25)  # half of the 0.5/s limit
+    assert not rate.on_throttle(13.9)  # one request at 0.25/s takes 4 s
+    assert rate.on_throttle(14.0)
 
 
 def test_aimd_growth_is_capped_at_ceiling() -> None:
@@ -268,3 +304,69 @@ def test_aimd_from_the_ceiling_one_cut_brings_it_under_the_limit() -> None:
     # What is still throttled is the upstream's memory of the initial burst: about one
     # second at the new rate.
     assert outcome.throttled <= 60
+
+
+def test_aimd_recovers_quickly_to_the_last_measured_level_then_probes_slowly() -> None:
+    rate = AimdRate(3500.0, 0.1, 0.0)
+    rate.rate_per_s = 4.0
+    for i in range(4):
+        rate.on_success(i * 1.0)  # the prefix accepts 1/s
+    assert rate.on_throttle(3.5)
+    assert rate.rate_per_s == pytest.approx(0.9)
+    rate.rate_per_s = 0.3  # cut deeper later (say, by cuts of stray 503s)
+    rate.on_success(10.0)
+    assert rate.rate_per_s == pytest.approx(0.33)  # +10 % per success below 0.9
+    for i in range(20):
+        rate.on_success(11.0 + i)
+    assert rate.rate_per_s == pytest.approx(0.9 * 1.002**9, rel=0.01)  # then +0.2 % each
+
+
+def test_aimd_without_an_accepted_rate_the_cut_stops_at_successes_seen() -> None:
+    """Two successes 1.2 s apart and a 503 at 2.2 s (a prefix of ~1/s): halving what was
+    sent (3 in 2.2 s) would give 0.68/s; the successes seen so far per second (2 / 2.2 s)
+    and one over their median gap (1 / 1.2 s) bound the limit from above: the cut goes to
+    0.9 x the lower."""
+    rate = AimdRate(3500.0, 0.1, 0.0)
+    rate.rate_per_s = 4.0
+    for t in (0.0, 1.2, 2.2):
+        rate.on_send(t)
+    rate.on_success(0.0)
+    rate.on_success(1.2)
+    assert rate.accepted_rate_per_s(2.2) is None  # two successes are too few
+    assert rate.on_throttle(2.2)
+    assert rate.rate_per_s == pytest.approx(0.9 / 1.2)
+
+
+def test_aimd_after_a_measured_cut_later_cuts_are_gentle() -> None:
+    """Once cut to a measured level, a 503 is a marginal one: the rate drops by 15 %, not
+    to what a small-burst prefix accepted while the lane was a little over its limit
+    (about half of it), and the recovery level follows the rate down."""
+    rate = AimdRate(3500.0, 0.1, 0.0)
+    rate.rate_per_s = 4.0
+    for t in (0.0, 1.0, 2.0, 3.0):
+        rate.on_success(t)
+    assert rate.on_throttle(3.5)  # accepted 1/s: level 0.9
+    assert rate.rate_per_s == pytest.approx(0.9)
+    for t in (6.0, 9.0, 12.0):  # then one success in three seconds
+        rate.on_success(t)
+    rate.rate_per_s = 1.0
+    assert rate.on_throttle(12.5)
+    assert rate.rate_per_s == pytest.approx(0.85)  # not 0.9 x 1/3
+    rate.rate_per_s = 0.5  # (cut deeper by hand) recovers at +10 % per success to 0.85
+    rate.on_success(13.0)
+    assert rate.rate_per_s == pytest.approx(0.55)
+    for t in range(14, 30):
+        rate.on_success(float(t))
+    assert 0.85 <= rate.rate_per_s <= 0.85 * 1.002**16
+
+
+def test_aimd_a_clump_of_early_successes_is_not_taken_as_rate() -> None:
+    """A prefix whose bucket holds two requests answers the first two at once, then one
+    per 1.1 s: the count reads 3 / 2.2 s = 1.36/s; the median gap says 0.91/s."""
+    rate = AimdRate(3500.0, 0.1, 0.0)
+    rate.rate_per_s = 4.0
+    for t in (0.0, 0.01, 1.11, 2.21):
+        rate.on_success(t)
+    assert rate.accepted_rate_per_s(2.3) == pytest.approx(1 / 1.1)  # not 3 / 2.21
+    assert rate.on_throttle(2.3)
+    assert rate.rate_per_s == pytest.approx(0.9 / 1.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -130,6 +131,57 @@ async def test_journal_drain_figures_respect_fence_and_prefix(journal: Journal) 
     assert stats.backlog.pending_objects == 4 and stats.backlog.pending_bytes == 36
     lanes = await journal.lanes(lambda key: key.split("/")[0] + "/")
     assert lanes[("b", "ckpt/")] == (3, 25) and lanes[("b", "other/")] == (1, 11)
+
+
+async def test_journal_fence_covers_a_key_overwritten_after_it(journal: Journal) -> None:
+    await journal.commit_put(meta("ckpt/p/k", size=5), "b1", 1.0)
+    fence = journal.last_seq
+    await journal.commit_put(meta("ckpt/p/k", size=9), "b2", 2.0)  # pending v1 superseded
+    await journal.commit_delete("b", "ckpt/p/k", 3.0)  # and again, by a tombstone
+    assert await journal.unflushed("b", "ckpt/p/", fence) == (1, 0)
+    [tomb] = await claim(journal, 10, 10.0)
+    assert await journal.mark_durable(tomb)
+    assert await journal.unflushed("b", "ckpt/p/", fence) == (0, 0)
+
+
+async def test_journal_fence_restarts_after_the_key_was_durable(journal: Journal) -> None:
+    await journal.commit_put(meta("k", size=5), "b1", 1.0)
+    [v1] = await claim(journal, 10, 10.0)
+    assert await journal.mark_durable(v1)
+    fence = journal.last_seq
+    await journal.commit_put(meta("k", size=9), "b2", 2.0)  # v1 was durable: not fenced
+    assert await journal.unflushed("b", "", fence) == (0, 0)
+    assert await journal.unflushed("b", "", journal.last_seq) == (1, 9)
+
+
+async def test_journal_fence_carried_over_a_flushing_version(journal: Journal) -> None:
+    await journal.commit_put(meta("k", size=5), "b1", 1.0)
+    fence = journal.last_seq
+    [v1] = await claim(journal, 10, 10.0)
+    await journal.commit_put(meta("k", size=9), "b2", 2.0)  # supersedes an in-flight upload
+    assert await journal.mark_durable(v1) is False
+    assert await journal.unflushed("b", "", fence) == (1, 9)
+
+
+async def test_journal_fence_column_added_to_an_old_journal(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = Journal(path, fsync=False)
+    old.open()
+    await old.commit_put(meta("k", size=5), "b1", 1.0)
+    old.close()
+    conn = sqlite3.connect(path)  # as a journal written before fence_seq existed
+    conn.execute("ALTER TABLE objects DROP COLUMN fence_seq")
+    conn.commit()
+    conn.close()
+    reopened = Journal(path, fsync=False)
+    reopened.open()
+    try:
+        fence = reopened.last_seq
+        assert await reopened.unflushed("b", "", fence) == (1, 5)
+        await reopened.commit_put(meta("k", size=9), "b2", 2.0)
+        assert await reopened.unflushed("b", "", fence) == (1, 9)
+    finally:
+        reopened.close()
 
 
 async def test_journal_scan_is_sorted_by_utf8_bytes(journal: Journal) -> None:
