@@ -2,9 +2,10 @@
 # The gateway as a container: slim Python 3.11, the package installed from this repository
 # (runtime dependencies only, no test extras), running as an unprivileged user.
 #   docker build -t s3-gateway .
-#   docker run -v /mnt/nvme/gw:/var/lib/gateway -p 9000:9000 -p 127.0.0.1:9001:9001 \
+#   docker run -v /mnt/nvme/gw:/var/lib/gateway -p 9000:9000 \
 #     -e GATEWAY_UPSTREAM_ENDPOINT=https://s3.us-east-1.amazonaws.com \
 #     -e GATEWAY_ACCESS_KEY=... -e GATEWAY_SECRET_KEY=... s3-gateway
+#   docker exec <container> gateway status        # the admin API, from inside
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -23,10 +24,13 @@ COPY gateway /src/gateway
 RUN pip install /src && rm -rf /src \
  && mkdir -p /var/lib/gateway/data && chown -R gateway:gateway /var/lib/gateway
 
-# Listen on every interface inside the container; publish the admin port to loopback only
-# (or keep it on the pod network) since it can pause the flusher.
+# S3 on every interface of the container. The admin API (it can pause the flusher) stays
+# on the container's loopback, where the HEALTHCHECK and `docker exec ... gateway status`
+# reach it; to expose it, set GATEWAY_ADMIN_LISTEN=0.0.0.0:9001 together with
+# GATEWAY_ADMIN_TOKEN or GATEWAY_ADMIN_TOKEN_FILE (the gateway refuses to start without one
+# off loopback). The Helm chart does exactly that, for the kubelet's probes.
 ENV GATEWAY_LISTEN=0.0.0.0:9000 \
-    GATEWAY_ADMIN_LISTEN=0.0.0.0:9001 \
+    GATEWAY_ADMIN_LISTEN=127.0.0.1:9001 \
     GATEWAY_DATA_DIR=/var/lib/gateway/data \
     GATEWAY_ADMIN=http://127.0.0.1:9001
 

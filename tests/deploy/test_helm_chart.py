@@ -18,7 +18,7 @@ from gateway import config
 CHART = Path(__file__).resolve().parents[2] / "helm" / "s3-gateway"
 CI_VALUES: dict[str, Any] = yaml.safe_load((CHART / "ci" / "test-values.yaml").read_text())
 # GATEWAY_* variables read by `gateway status|drain` (the CLI), not by `gateway serve`.
-CLI_ENV = {"GATEWAY_ADMIN", "GATEWAY_ADMIN_TOKEN_FILE"}
+CLI_ENV = {"GATEWAY_ADMIN"}
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +148,8 @@ def test_ephemeral_data_volume() -> None:
     assert claim["storageClassName"] == "nvme"
     assert claim["resources"]["requests"]["storage"] == "1Ti"
     assert "data.type must be" in render_error(data={"type": "nfs"})
+    # Admin binds the pod IP: no token, no start; the chart says so instead.
+    assert "admin.token" in render_error(admin={"token": {"create": False, "existingSecret": ""}})
 
 
 def test_security_context_and_resources() -> None:
@@ -230,12 +232,17 @@ def test_admin_token_secret_mounted_for_the_cli() -> None:
     assert env["GATEWAY_ADMIN_TOKEN_FILE"] == "/etc/s3-gateway/admin/token"
     volume = next(v for v in pod_spec(manifests)["volumes"] if v["name"] == "admin-token")
     assert volume["secret"]["secretName"] == "gw-s3-gateway-admin"
-    off = render(admin={"token": {"create": False}})
-    assert "GATEWAY_ADMIN_TOKEN_FILE" not in env_of(gateway_container(off))
-    assert len(off["Secret"]) == 1
+    # An operator's own Secret instead of the generated one.
+    own = render(admin={"token": {"create": False, "existingSecret": "ops-admin"}})
+    assert env_of(gateway_container(own))["GATEWAY_ADMIN_TOKEN_FILE"] == (
+        "/etc/s3-gateway/admin/token"
+    )
+    volume = next(v for v in pod_spec(own)["volumes"] if v["name"] == "admin-token")
+    assert volume["secret"]["secretName"] == "ops-admin"
+    assert len(own["Secret"]) == 1  # the client credentials only
 
 
-def test_limits_and_capacity_reach_the_gateway_as_real_options() -> None:
+def test_limits_and_capacity_reach_the_gateway_as_real_options(tmp_path: Path) -> None:
     env = env_of(
         gateway_container(
             render(
@@ -256,10 +263,17 @@ def test_limits_and_capacity_reach_the_gateway_as_real_options() -> None:
     known = {"GATEWAY_" + config.flag_name(n).upper().replace("-", "_") for n in config._OPTIONS}
     serve_env = {k: v for k, v in env.items() if k.startswith("GATEWAY_") and k not in CLI_ENV}
     assert set(serve_env) - known == set()
+    # The admin API binds the pod IP, so the chart MUST hand the gateway a token (it would
+    # refuse to start); the mounted file is stood in for by a real one here.
+    assert env["GATEWAY_ADMIN_LISTEN"].startswith("0.0.0.0:")
+    token_file = tmp_path / "token"
+    token_file.write_text("t" * 40)
+    serve_env["GATEWAY_ADMIN_TOKEN_FILE"] = str(token_file)
     settings = config.load(None, {k: v for k, v in serve_env.items() if isinstance(v, str)} | {
         "GATEWAY_ACCESS_KEY": "k",
         "GATEWAY_SECRET_KEY": "s",
     })  # fmt: skip
+    assert settings.admin_token_file == token_file
     assert settings.capacity_bytes == 800 << 30
     assert settings.listen == "0.0.0.0:9000" and settings.log_format == "json"
 

@@ -78,6 +78,9 @@ kill the gateway in the middle of its drain.
 {{- if and .Values.serviceMonitor.enabled (not .Values.service.enabled) -}}
 {{- fail "serviceMonitor.enabled needs service.enabled (the ServiceMonitor selects the Service)" -}}
 {{- end -}}
+{{- if not (include "s3-gateway.hasAdminToken" .) -}}
+{{- fail "admin.token: set create: true or an existingSecret: the admin API binds the pod IP (for the kubelet's probes), and the gateway refuses to start there without a bearer token" -}}
+{{- end -}}
 {{- if not (has .Values.gateway.durability (list "fsync" "none")) -}}
 {{- fail (printf "gateway.durability must be fsync or none, got %q" .Values.gateway.durability) -}}
 {{- end -}}
