@@ -6,10 +6,13 @@ removes both once the upload is completed or aborted. A crash can therefore leav
 
 - an upload row: the sweep aborts that upload by id;
 - an intent row alone (killed between CreateMultipartUpload and the journal write): the
-  sweep lists the upstream's open uploads of exactly that key, initiated no earlier than
-  the intent (less ``CLOCK_SKEW_S`` for the upstream's clock), and aborts those no task of
-  this process has open. Another writer uploading the same key straight to the bucket in
-  that window would lose its upload: write-back owns the keys written through it.
+  sweep lists the upstream's open uploads of exactly that key and aborts those no task of
+  this process has open. Their ``Initiated`` time is not used to tell ours from others':
+  upstreams' clocks differ from ours and some S3 implementations report a constant there.
+  Another writer's multipart upload of the same key straight to the bucket would be
+  aborted too (its CompleteMultipartUpload then fails with NoSuchUpload, nothing is lost
+  silently): a key written through the gateway belongs to write-back, whose version
+  replaces the other writer's anyway (last writer wins).
 
 Contract: ``sweep`` MUST NOT abort an upload a running flush task holds (``is_open``); a row
 is forgotten only once its upload is known to be gone, so a failed abort is retried at the
@@ -28,7 +31,6 @@ from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
 INTENT_PREFIX = "intent:"
-CLOCK_SKEW_S = 60.0  # how far the upstream's clock may lag ours when matching an intent
 
 
 class UpstreamUploads:
@@ -69,11 +71,11 @@ class UpstreamUploads:
         holds open. Uploads known by id go first, so an intent finds only the unknown ones."""
         records = await self._journal.upstream_upload_records()
         records.sort(key=lambda r: r[0].startswith(INTENT_PREFIX))
-        for upload_id, bucket, key, created_s in records:
+        for upload_id, bucket, key, _ in records:
             if upload_id in self._open:
                 continue
             if upload_id.startswith(INTENT_PREFIX):
-                gone = await self._abort_unknown(bucket, key, created_s)
+                gone = await self._abort_unknown(bucket, key)
             else:
                 gone = await self._upstream.abort_multipart(bucket, key, upload_id)
                 if gone:
@@ -83,17 +85,17 @@ class UpstreamUploads:
             if gone:
                 await self._journal.forget_upstream_upload(upload_id)
 
-    async def _abort_unknown(self, bucket: str, key: str, since_s: float) -> bool:
-        """Abort the open uploads of ``key`` initiated since ``since_s`` that no task holds;
-        True when none is left (the intent can be forgotten)."""
+    async def _abort_unknown(self, bucket: str, key: str) -> bool:
+        """Abort the open uploads of exactly ``key`` that no task holds; True when none is
+        left (the intent can be forgotten)."""
         try:
             found = await self._upstream.list_open_uploads(bucket, key)
         except FlushError as exc:
             log.warning("cannot list upstream uploads of %s/%s yet: %s", bucket, key, exc)
             return False
         gone = True
-        for upload_id, initiated_s in found:
-            if upload_id in self._open or initiated_s < since_s - CLOCK_SKEW_S:
+        for upload_id, _ in found:
+            if upload_id in self._open:
                 continue
             if await self._upstream.abort_multipart(bucket, key, upload_id):
                 log.info("aborted unrecorded upstream upload %s of %s/%s", upload_id, bucket, key)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import sqlite3
+import time
 import urllib.parse
 from typing import Any
 
@@ -242,3 +245,32 @@ def test_sigkill_while_flushing(fresh_gateway: Any, upstream: Any, bucket: str) 
         got = upstream.get_object(Bucket=bucket, Key=key)
         assert read_body(got) == body, key
         assert got["ETag"] == quoted_md5(body), key
+
+
+def test_upstream_upload_created_but_not_recorded_is_aborted_at_start(
+    fresh_gateway: Any, upstream: Any, bucket: str
+) -> None:
+    """The state a kill between CreateMultipartUpload and recording its id leaves behind:
+    only the flusher's intent row, and an upload open in the bucket. The next start aborts
+    that upload, and leaves other keys' uploads alone."""
+    gw = fresh_gateway
+    gw.stop()
+    lost = upstream.create_multipart_upload(Bucket=bucket, Key="ckpt/big.pt")["UploadId"]
+    other = upstream.create_multipart_upload(Bucket=bucket, Key="ckpt/big.pt.other")["UploadId"]
+    with contextlib.closing(sqlite3.connect(gw.data_dir / "journal.db")) as conn:
+        conn.execute(
+            "INSERT INTO upstream_uploads VALUES (?, ?, ?, ?)",
+            ("intent:killed-here", bucket, "ckpt/big.pt", time.time()),
+        )
+        conn.commit()
+    gw.start()
+
+    def open_ids() -> set[str]:
+        uploads = upstream.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+        return {u["UploadId"] for u in uploads}
+
+    deadline = time.monotonic() + 30
+    while lost in open_ids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert open_ids() == {other}
+    upstream.abort_multipart_upload(Bucket=bucket, Key="ckpt/big.pt.other", UploadId=other)

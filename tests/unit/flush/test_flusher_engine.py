@@ -597,13 +597,14 @@ async def test_upload_created_but_not_recorded_is_found_by_its_intent(
     journal: Journal, blobs: BlobStore, upstream: FakeUpstream, clock: FakeClock
 ) -> None:
     """A kill between CreateMultipartUpload and recording its id leaves only the intent:
-    the sweep aborts the key's uploads begun since then, and nothing else."""
+    the sweep aborts the open uploads of exactly that key (whatever their Initiated time:
+    moto, for one, reports a constant), and nothing else."""
     now_s = clock.wall()
     await journal.record_upstream_upload("intent:abc", BUCKET, "big.pt", now_s)
     upstream.open_uploads = {
-        "lost": (BUCKET, "big.pt", now_s + 0.5),  # what the crash left
-        "older": (BUCKET, "big.pt", now_s - 3600),  # someone else's, long before
+        "lost": (BUCKET, "big.pt", 1_289_422_113.0),  # what the crash left (moto's date)
         "other-key": (BUCKET, "big.pt.1", now_s + 0.5),
+        "other-prefix": (BUCKET, "big", now_s + 0.5),
     }
     async with _running(_flusher(journal, blobs, upstream, clock)):
 
@@ -612,7 +613,7 @@ async def test_upload_created_but_not_recorded_is_found_by_its_intent(
 
         await _eventually(forgotten)
     assert upstream.aborted == ["lost"]
-    assert set(upstream.open_uploads) == {"older", "other-key"}
+    assert set(upstream.open_uploads) == {"other-key", "other-prefix"}
 
 
 class _AbortUnreachable(FakeUpstream):
