@@ -190,7 +190,10 @@ class MethodNotAllowed(S3Error):
     default_message = "The specified method is not allowed against this resource."
 
 
-class NotImplementedError_(S3Error):
+class S3NotImplemented(S3Error):
+    """501 NotImplemented: a feature S3 has and this gateway does not (DESIGN.md: "anything
+    else answers 501 NotImplemented"). Named apart from Python's builtin NotImplementedError."""
+
     code = "NotImplemented"
     status = 501
     default_message = (

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.ingest import validate_key
-from gateway.errors import NotImplementedError_, S3Error
+from gateway.errors import S3Error, S3NotImplemented
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 
@@ -67,7 +67,7 @@ def _refusal(entry: DeleteEntry) -> S3Error | None:
     """The per-key error S3 would report for this entry, if any."""
     if entry.version_id is not None and entry.version_id != "null":
         # An unversioned bucket only has the "null" version; versions are not supported.
-        return NotImplementedError_("Deleting a specific object version is not implemented.")
+        return S3NotImplemented("Deleting a specific object version is not implemented.")
     try:
         validate_key(entry.key)
     except S3Error as exc:

@@ -16,7 +16,7 @@ from gateway.core.deletes import DeleteService
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
-from gateway.errors import NotImplementedError_, RequestHeaderSectionTooLarge, SlowDown
+from gateway.errors import RequestHeaderSectionTooLarge, S3NotImplemented, SlowDown
 from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext, verify_request
 from gateway.s3.routing import parse_operation
@@ -87,5 +87,5 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     handler = HANDLERS.get(type(op))
     if handler is None:
         name = op.name if isinstance(op, ops.Unsupported) else type(op).__name__
-        raise NotImplementedError_(f"{name} is not implemented by this gateway.")
+        raise S3NotImplemented(f"{name} is not implemented by this gateway.")
     return await handler(request, op, svc, auth)

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from gateway.core.conditions import Preconditions
 from gateway.core.copy import CopyObjectRequest, NewMetadata, UploadPartCopyRequest
-from gateway.errors import InvalidArgument, NotImplementedError_
+from gateway.errors import InvalidArgument, S3NotImplemented
 from gateway.s3 import operations as ops
 from gateway.s3 import xml
 from gateway.s3.auth import AuthContext
@@ -34,7 +34,7 @@ def parse_copy_source(value: str) -> tuple[str, str]:
     if query:
         versions = parse_qs(query, keep_blank_values=True).get("versionId")
         if versions and versions[0] != "null":
-            raise NotImplementedError_("Copying a specific object version is not implemented.")
+            raise S3NotImplemented("Copying a specific object version is not implemented.")
     try:
         path = unquote(path, errors="strict")
     except UnicodeDecodeError as exc:

@@ -20,7 +20,7 @@ from gateway.errors import (
     InvalidDigest,
     InvalidRequest,
     MalformedXML,
-    NotImplementedError_,
+    S3NotImplemented,
 )
 from gateway.s3 import operations as ops
 from gateway.s3 import xml
@@ -72,9 +72,7 @@ def verify_body(raw: bytes, headers: Mapping[str, str], trailers: Mapping[str, s
         try:
             hasher = new_hasher(algorithm)
         except ValueError as exc:
-            raise NotImplementedError_(
-                f"Checksum algorithm {algorithm} is not supported yet."
-            ) from exc
+            raise S3NotImplemented(f"Checksum algorithm {algorithm} is not supported yet.") from exc
         hasher.update(raw)
         if b64(hasher.digest()) != value:
             raise BadDigest(

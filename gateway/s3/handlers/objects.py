@@ -18,7 +18,7 @@ from gateway.errors import (
     InvalidRange,
     InvalidRequest,
     MetadataTooLarge,
-    NotImplementedError_,
+    S3NotImplemented,
 )
 from gateway.models import PutRequest
 from gateway.s3 import operations as ops
@@ -106,7 +106,7 @@ def put_request(op: ops.PutObject, headers: Mapping[str, str], length: int | Non
     trailer = _trailer_checksum(headers.get("x-amz-trailer"))
     for algorithm in [*checksums, *([trailer] if trailer else [])]:
         if algorithm not in _SUPPORTED_CHECKSUMS:
-            raise NotImplementedError_(f"Checksum algorithm {algorithm} is not supported yet.")
+            raise S3NotImplemented(f"Checksum algorithm {algorithm} is not supported yet.")
     sha = headers.get("x-amz-content-sha256", "")
     return PutRequest(
         bucket=op.bucket,
@@ -160,12 +160,12 @@ def write_preconditions(headers: Mapping[str, str]) -> Preconditions:
     ``If-Match: <etag>``, not both, and answers anything else with 501 NotImplemented."""
     if_match, if_none_match = headers.get("If-Match"), headers.get("If-None-Match")
     if if_none_match is not None and if_none_match.strip() != "*":
-        raise NotImplementedError_(
+        raise S3NotImplemented(
             "A header you provided implies functionality that is not implemented",
             Header="If-None-Match",
         )
     if if_match is not None and if_none_match is not None:
-        raise NotImplementedError_(
+        raise S3NotImplemented(
             "A header you provided implies functionality that is not implemented",
             Header="If-Match",
         )
