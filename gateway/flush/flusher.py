@@ -39,7 +39,7 @@ from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.verify import md5_of_file
-from gateway.upstream.classify import Fatal, FlushError, Retryable, Throttled
+from gateway.upstream.classify import Corrupt, Fatal, FlushError, Retryable, Throttled
 from gateway.upstream.client import PartSource, RequestRunner, Upstream
 
 log = logging.getLogger(__name__)
@@ -322,9 +322,10 @@ class Flusher:
                 expected = obj.meta.etag
             elif obj.meta.size_bytes > self._multipart_threshold_bytes:
                 # Part MD5s are computed from the file here, so the upstream cannot catch a
-                # corrupt body: check it against the acked MD5 first (one extra read).
-                await _require_md5(opened[0], obj.meta.etag)
-                sources, expected = await split_parts(opened[0], obj.meta.size_bytes)
+                # corrupt body: the same pass checks it against the acked MD5.
+                sources, expected = await split_parts(
+                    opened[0], obj.meta.size_bytes, require_md5=obj.meta.etag
+                )
             else:
                 # Content-MD5 lets S3 refuse a corrupt body, but not every S3-compatible
                 # upstream checks it (moto does not): a bad body MUST NOT become the
@@ -395,9 +396,10 @@ class Flusher:
         if isinstance(exc, Fatal):
             self._uploads_failed += 1
             metrics.FLUSH_FAILURES.inc()
-            error = _corruption_label(str(exc))
-            log.error("flush of %s/%s failed permanently: %s", obj.meta.bucket, obj.meta.key, error)
-            await self._journal.mark_failed(obj, error)
+            if isinstance(exc, Corrupt):
+                metrics.CORRUPT_BLOBS.inc()
+            log.error("flush of %s/%s failed permanently: %s", obj.meta.bucket, obj.meta.key, exc)
+            await self._journal.mark_failed(obj, str(exc))
             return
         self._note_transient(lane, exc)
         # A throttle is paced by the lane's (cut) rate: the row's own backoff does not grow
@@ -415,22 +417,10 @@ class Flusher:
         await self._journal.retry_later(obj, str(exc), self._clock.wall() + delay)
 
 
-# The upstream re-hashed what we sent and it differs from the acked digest we sent with it:
-# the local copy changed after the ack. Failing (not retrying) keeps it out of the bucket.
-_DIGEST_CODES = ("BadDigest:", "InvalidDigest:", "XAmzContentSHA256Mismatch:")
-
-
-def _corruption_label(error: str) -> str:
-    if error.startswith(_DIGEST_CODES) or error.startswith("local corruption"):
-        metrics.CORRUPT_BLOBS.inc()
-        return error if error.startswith("local corruption") else f"local corruption: {error}"
-    return error
-
-
 async def _require_md5(body: BinaryIO, md5_hex: str) -> None:
     got = await asyncio.to_thread(md5_of_file, body)
     if "-" not in md5_hex and got != md5_hex:
-        raise Fatal(f"local corruption: body MD5 {got} differs from the acked {md5_hex}")
+        raise Corrupt(f"body MD5 {got} differs from the acked {md5_hex}")
 
 
 def _check_etag(got: str, expected: str) -> None:

@@ -10,6 +10,7 @@ import io
 import os
 from typing import BinaryIO
 
+from gateway.upstream.classify import Corrupt
 from gateway.upstream.client import PartSource
 
 MiB = 1 << 20
@@ -62,23 +63,36 @@ class FileWindow(io.RawIOBase):
         return self._length
 
 
-def _md5_of(window: FileWindow) -> str:
-    digest = hashlib.md5()
-    window.seek(0)
-    while piece := window.read(_HASH_PIECE_BYTES):
-        digest.update(piece)
-    window.seek(0)
-    return digest.hexdigest()
+def _md5s_of(windows: list[FileWindow]) -> tuple[list[str], str]:
+    """Each window's MD5 hex and the MD5 hex of them all in order, in one read. Blocking."""
+    whole = hashlib.md5()
+    md5s = []
+    for window in windows:
+        digest = hashlib.md5()
+        window.seek(0)
+        while piece := window.read(_HASH_PIECE_BYTES):
+            digest.update(piece)
+            whole.update(piece)
+        window.seek(0)
+        md5s.append(digest.hexdigest())
+    return md5s, whole.hexdigest()
 
 
-async def split_parts(body: BinaryIO, size_bytes: int) -> tuple[list[PartSource], str]:
-    """Parts over ``body`` (an open blob file) and the multipart ETag they will produce."""
+async def split_parts(
+    body: BinaryIO, size_bytes: int, *, require_md5: str | None = None
+) -> tuple[list[PartSource], str]:
+    """Parts over ``body`` (an open blob file) and the multipart ETag they will produce.
+    With ``require_md5`` (a single-part ETag), the same read checks the whole body against
+    it and raises ``Corrupt`` on a mismatch: part MD5s computed from a changed file would
+    otherwise let the upstream accept it."""
     step = part_size_bytes(size_bytes)
     windows = [
         FileWindow(body.fileno(), offset, min(step, size_bytes - offset))
         for offset in range(0, size_bytes, step)
     ]
-    md5s = [await asyncio.to_thread(_md5_of, w) for w in windows]
+    md5s, whole = await asyncio.to_thread(_md5s_of, windows)
+    if require_md5 is not None and "-" not in require_md5 and whole != require_md5:
+        raise Corrupt(f"body MD5 {whole} differs from the acked {require_md5}")
     sources = [
         PartSource(w, len(w), md5)  # type: ignore[arg-type]  # a RawIOBase is a binary file
         for w, md5 in zip(windows, md5s, strict=True)

@@ -52,6 +52,19 @@ class Fatal(FlushError):
     """A permanent failure (AccessDenied, NoSuchBucket, ...): mark failed, keep the data."""
 
 
+class Corrupt(Fatal):
+    """The local body no longer matches its acknowledged digest: found before sending, or
+    the upstream re-hashed what we sent against the Content-MD5/checksum sent with it. Never
+    retried (that would only resend bad bytes); the message starts with ``local corruption``."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"local corruption: {detail}")
+
+
+# Upstream refusals of a body whose digest does not match what we sent with it.
+_DIGEST_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"})
+
+
 def for_flush(exc: BaseException) -> FlushError:
     """Classify an exception raised by an upstream write."""
     if isinstance(exc, ClientError):
@@ -65,6 +78,8 @@ def for_flush(exc: BaseException) -> FlushError:
             return Throttled(message, retry_after_s=retry_after)
         if code in _RETRYABLE_CODES or status >= 500 or status in (408, 0):
             return Retryable(message, retry_after_s=retry_after)
+        if code in _DIGEST_CODES:
+            return Corrupt(message)
         return Fatal(message)
     if isinstance(exc, BotoCoreError | aiohttp.ClientError | asyncio.TimeoutError | OSError):
         return Retryable(f"{type(exc).__name__}: {exc}")

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.flush.parts import FileWindow, part_size_bytes, split_parts
+from gateway.upstream.classify import Corrupt
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -159,6 +160,17 @@ async def test_split_parts_md5s_and_etag_match_hashlib(big_file: tuple[Path, byt
     assert [s.md5_hex for s in sources] == [hashlib.md5(p).hexdigest() for p in pieces]
     assert etag == _multipart_etag(pieces)
     assert etag.endswith("-3")
+
+
+async def test_split_parts_checks_the_whole_body_in_the_same_read(
+    big_file: tuple[Path, bytes],
+) -> None:
+    path, data = big_file
+    with path.open("rb") as f:
+        sources, _ = await split_parts(f, len(data), require_md5=hashlib.md5(data).hexdigest())
+        assert len(sources) == 3
+        with pytest.raises(Corrupt, match=r"^local corruption: body MD5"):
+            await split_parts(f, len(data), require_md5="0" * 32)
 
 
 async def test_split_parts_windows_read_concurrently(big_file: tuple[Path, bytes]) -> None:
