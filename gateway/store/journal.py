@@ -180,7 +180,6 @@ class Journal:
         conn = self._connect()
         conn.executescript(resources.files("gateway.store").joinpath("schema.sql").read_text())
         migrate(conn)
-        _migrate_fence_seq(conn)
         # Recovery: uploads in flight when the process died never completed as far as we know.
         conn.execute("UPDATE objects SET state = 'pending' WHERE state = 'flushing'")
         row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM objects").fetchone()
@@ -362,7 +361,7 @@ class Journal:
             acked_s=acked_s,
             flushed_before=flushed_before,
         )
-        return row, (_blob_ids(old[0], old[1]) if old else [])
+        return row, (blob_ids_of(old[0], old[1]) if old else [])
 
     def watch(self, bucket: str, key: str) -> None:
         """Start noting writes of ``key`` (before a read-through GET is sent upstream)."""
@@ -416,7 +415,7 @@ class Journal:
                 return None
             if row[0] == FlushState.DURABLE.value:
                 conn.execute("DELETE FROM objects WHERE bucket = ? AND key = ? AND seq = ?", ident)
-                return _blob_ids(row[1], row[2])
+                return blob_ids_of(row[1], row[2])
             conn.execute(
                 "UPDATE objects SET state = 'failed', last_error = ? "
                 "WHERE bucket = ? AND key = ? AND seq = ?",
@@ -696,10 +695,7 @@ class Journal:
 
     async def upstream_uploads(self) -> list[tuple[str, str, str]]:
         """(upload_id, bucket, key) of every upstream upload not known to be finished."""
-        rows = await self._read(
-            lambda c: c.execute("SELECT upload_id, bucket, key FROM upstream_uploads").fetchall()
-        )
-        return [(str(u), str(b), str(k)) for u, b, k in rows]
+        return [(u, b, k) for u, b, k, _ in await self.upstream_upload_records()]
 
     async def upstream_upload_records(self) -> list[tuple[str, str, str, float]]:
         """(upload_id, bucket, key, created_s) of every recorded upstream upload or intent."""
@@ -746,7 +742,7 @@ class Journal:
                 for blob_id, parts in conn.execute(
                     "SELECT blob_id, parts FROM objects WHERE bucket = ?", (name,)
                 )
-                for b in _blob_ids(blob_id, parts)
+                for b in blob_ids_of(blob_id, parts)
             ]
             conn.execute("DELETE FROM objects WHERE bucket = ?", (name,))
             conn.execute("DELETE FROM buckets WHERE name = ?", (name,))
@@ -785,14 +781,6 @@ def _stats(conn: sqlite3.Connection) -> Stats:
         int(counters.get("flushed_bytes", 0)),
         int(cached),
     )
-
-
-def _migrate_fence_seq(conn: sqlite3.Connection) -> None:
-    """Add ``objects.fence_seq`` to a journal created before it existed (NULL reads as
-    ``seq``: the old fence, which is right for rows written before the upgrade)."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(objects)")}
-    if "fence_seq" not in columns:
-        conn.execute("ALTER TABLE objects ADD COLUMN fence_seq INTEGER")
 
 
 def _bump(conn: sqlite3.Connection, name: str, by: int) -> None:
@@ -861,19 +849,20 @@ def _parts_json(parts: tuple[PartRef, ...]) -> str | None:
     )
 
 
-def _blob_ids(blob_id: str | None, parts: str | None) -> list[str]:
+def blob_ids_of(blob_id: str | None, parts: str | None) -> list[str]:
+    """The blob ids of a row, from its ``blob_id`` and ``parts`` columns."""
     if parts:
         return [str(p[0]) for p in json.loads(parts)]
     return [blob_id] if blob_id else []
 
 
-def blob_ids_of(blob_id: str | None, parts: str | None) -> list[str]:
-    """The blob ids of a row, from its ``blob_id`` and ``parts`` columns."""
-    return _blob_ids(blob_id, parts)
-
-
 # Guarded migrations: each adds what an older data directory lacks, and is a no-op after.
-_ADDED_COLUMNS = (("objects", "accessed_s", "REAL"),)  # last read (wall), for LRU eviction
+_ADDED_COLUMNS = (
+    ("objects", "accessed_s", "REAL"),  # last read (wall), for LRU eviction
+    # Oldest unflushed acknowledged version of the key, for drain fences. NULL reads as
+    # ``seq``: the old fence, which is right for rows written before the upgrade.
+    ("objects", "fence_seq", "INTEGER"),
+)
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -889,7 +878,7 @@ def referenced_blobs(conn: sqlite3.Connection) -> set[str]:
     out = {
         b
         for blob_id, parts in conn.execute("SELECT blob_id, parts FROM objects")
-        for b in _blob_ids(blob_id, parts)
+        for b in blob_ids_of(blob_id, parts)
     }
     out.update(r[0] for r in conn.execute("SELECT blob_id FROM parts"))
     return out
