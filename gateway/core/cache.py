@@ -1,8 +1,8 @@
 """The local cache's read side: capacity admission for writes, read-through fills, and
 integrity checks of local bodies while they are served.
 
-- ``admission``: the capacity reservation every write that brings new bytes takes first
-  (PutObject, UploadPart, CopyObject); a refusal is ``503 SlowDown``.
+- ``admitted``: runs a write that brings new bytes (PutObject, UploadPart, CopyObject)
+  inside its capacity reservation; a refusal is ``503 SlowDown``.
 - ``CacheFill``: a full-object read-through GET is copied into a new blob *while* it is
   served. The client never waits for the cache: pieces go through a bounded queue, and a
   full queue (slow disk) abandons the copy instead of blocking. The copy is committed as a
@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
@@ -27,7 +27,7 @@ from gateway.errors import InternalError
 from gateway.models import ObjectMeta
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
-from gateway.store.space import CacheSpace, Grant
+from gateway.store.space import CacheSpace
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +35,29 @@ _FILL_QUEUE_PIECES = 16  # x 1 MiB upstream pieces: memory bound of one fill
 _READ_PIECE_BYTES = 1 << 20
 
 
-@contextlib.asynccontextmanager
-async def admission(space: CacheSpace | None, size_bytes: int) -> AsyncIterator[Grant | None]:
-    """Reserve ``size_bytes`` for a write (SlowDown when it does not fit); no-op without a
-    space (unit tests of other behaviour)."""
+class _Written(Protocol):
+    @property
+    def size_bytes(self) -> int: ...
+
+
+W = TypeVar("W", bound=_Written)
+
+
+async def admitted(space: CacheSpace | None, size_bytes: int, write: Awaitable[W]) -> W:
+    """Run ``write`` inside a reservation of ``size_bytes`` (SlowDown when it does not fit;
+    the coroutine is then closed unstarted), then count the bytes it actually wrote (a
+    length not known up front, a copy's source). No-op without a space (unit tests of
+    other behaviour)."""
     if space is None:
-        yield None
-        return
-    async with space.admit(size_bytes) as grant:
-        yield grant
+        return await write
+    try:
+        async with space.admit(size_bytes) as grant:
+            written = await write
+            grant.commit(written.size_bytes)
+            return written
+    finally:
+        if asyncio.iscoroutine(write):
+            write.close()  # refused before it ran: no "never awaited" warning
 
 
 class CacheFills:

@@ -26,7 +26,7 @@ from typing import BinaryIO
 from gateway.checksums import b64
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
-from gateway.core.cache import admission
+from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.ingest import validate_key
 from gateway.core.multipart import MAX_PART_NUMBER, MultipartService
@@ -132,11 +132,7 @@ class CopyService:
         unknown before its GET) reserves nothing but is refused when the cache is full."""
         source = await self._journal.get(req.source_bucket, req.source_key)
         size_bytes = source.meta.size_bytes if source is not None else 0
-        async with admission(self._space, size_bytes) as grant:
-            meta = await self._copy_object(req)
-            if grant is not None:
-                grant.commit(meta.size_bytes)
-        return meta
+        return await admitted(self._space, size_bytes, self._copy_object(req))
 
     async def _copy_object(self, req: CopyObjectRequest) -> ObjectMeta:
         validate_key(req.key)
@@ -209,11 +205,7 @@ class CopyService:
 
     async def upload_part_copy(self, req: UploadPartCopyRequest) -> Part:
         """Admission first (nothing reserved: the range's size is known only later)."""
-        async with admission(self._space, 0) as grant:
-            part = await self._upload_part_copy(req)
-            if grant is not None:
-                grant.commit(part.size_bytes)
-        return part
+        return await admitted(self._space, 0, self._upload_part_copy(req))
 
     async def _upload_part_copy(self, req: UploadPartCopyRequest) -> Part:
         if not 1 <= req.part_number <= MAX_PART_NUMBER:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from gateway.checksums import CHECKSUM_ALGORITHMS, composite, full_object, is_crc
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
-from gateway.core.cache import admission
+from gateway.core.cache import admitted
 from gateway.core.ingest import ingest, validate_key
 from gateway.errors import (
     BadDigest,
@@ -120,11 +120,9 @@ class MultipartService:
                 ArgumentName="partNumber",
             )
         await self.upload(req.bucket, req.key, upload_id)
-        async with admission(self._space, req.content_length or 0) as grant:
-            part = await self._put_part(req, upload_id, part_number, body)
-            if grant is not None:
-                grant.commit(part.size_bytes)
-        return part
+        return await admitted(
+            self._space, req.content_length or 0, self._put_part(req, upload_id, part_number, body)
+        )
 
     async def _put_part(
         self, req: PutRequest, upload_id: str, part_number: int, body: RequestBody

@@ -23,7 +23,7 @@ from typing import BinaryIO
 from gateway import metrics
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
-from gateway.core.cache import CacheFills, admission, read_verified
+from gateway.core.cache import CacheFills, admitted, read_verified
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range
@@ -110,11 +110,7 @@ class ObjectService:
         validate_key(req.key)
         await self._buckets.require(req.bucket)
         check = await self.write_guard(req.bucket, req.key, cond)
-        async with admission(self._space, req.content_length or 0) as grant:
-            meta = await self._put(req, body, check)
-            if grant is not None:
-                grant.commit(meta.size_bytes)
-        return meta
+        return await admitted(self._space, req.content_length or 0, self._put(req, body, check))
 
     async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:
         blob, checksums = await ingest(self._blobs, req, body, max_bytes=self._max_object_bytes)
