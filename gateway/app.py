@@ -238,7 +238,9 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     s3.is_accepting_writes = False
     started = clock.monotonic()
     if not flusher.is_paused:
-        await _wait_drained(journal, settings.shutdown_drain_timeout_s)
+        await journal.wait_flushed(
+            None, "", journal.last_seq, settings.shutdown_drain_timeout_s, skip_failed=True
+        )
     left_s = settings.shutdown_drain_timeout_s - (clock.monotonic() - started)
     await flusher.stop(max(0.0, left_s))
     await flusher_task
@@ -253,22 +255,6 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
             objects,
             size,
         )
-
-
-async def _wait_drained(journal: Journal, timeout_s: float) -> None:
-    """Wait until nothing is left to flush but ``failed`` rows (which wait for an operator,
-    so waiting on them would only delay the exit to the deadline), or ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        backlog = (await journal.stats()).backlog
-        left_s = deadline - loop.time()
-        if backlog.pending_objects <= backlog.failed_objects or left_s <= 0:
-            return
-        async with journal.changed:
-            # The 1 s cap covers a notification that fired between query and wait.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(journal.changed.wait(), min(left_s, 1.0))
 
 
 def quiet_secret_loggers() -> None:

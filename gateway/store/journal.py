@@ -618,7 +618,9 @@ class Journal:
         """The seq of the newest acknowledged write: a drain fence."""
         return self._next_seq - 1
 
-    async def unflushed(self, bucket: str | None, prefix: str, max_seq: int) -> tuple[int, int]:
+    async def unflushed(
+        self, bucket: str | None, prefix: str, max_seq: int, *, skip_failed: bool = False
+    ) -> tuple[int, int]:
         """Objects and bytes acknowledged at or before ``max_seq`` not yet durable upstream.
 
         A key counts if any version acknowledged at or before ``max_seq`` is not durable,
@@ -635,20 +637,30 @@ class Journal:
             if bucket is not None:
                 sql += " AND bucket = ?"
                 args.append(bucket)
+            if skip_failed:
+                sql += " AND state != 'failed'"
             n, size = conn.execute(sql, args).fetchone()
             return int(n), int(size)
 
         return await self._read(op)
 
     async def wait_flushed(
-        self, bucket: str | None, prefix: str, max_seq: int, timeout_s: float
+        self,
+        bucket: str | None,
+        prefix: str,
+        max_seq: int,
+        timeout_s: float,
+        *,
+        skip_failed: bool = False,
     ) -> tuple[int, int]:
-        """Wait until ``unflushed(bucket, prefix, max_seq)`` is empty or ``timeout_s`` passes;
-        return what is still unflushed. Woken by every flush outcome (``changed``)."""
+        """Wait until ``unflushed(bucket, prefix, max_seq, skip_failed=...)`` is empty or
+        ``timeout_s`` passes; return what is still unflushed. Woken by every flush outcome
+        (``changed``). ``skip_failed``: failed rows wait for an operator, not for time, so a
+        waiter with a deadline (shutdown) does not wait on them."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            objects, size = await self.unflushed(bucket, prefix, max_seq)
+            objects, size = await self.unflushed(bucket, prefix, max_seq, skip_failed=skip_failed)
             left_s = deadline - loop.time()
             if objects == 0 or left_s <= 0:
                 return objects, size

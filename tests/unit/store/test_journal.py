@@ -94,6 +94,22 @@ async def test_journal_failed_kept_until_retry(journal: Journal) -> None:
     assert [c.meta.key for c in await claim(journal, 10, 10.0)] == ["k"]
 
 
+async def test_journal_shutdown_wait_skips_failed_rows(journal: Journal) -> None:
+    """A failed row waits for an operator: a drain fence counts it, but a waiter with a
+    deadline that skips failed rows (shutdown) returns at once instead of at its timeout."""
+    await journal.commit_put(meta("bad", size=7), "blob1", 1.0)
+    [claimed] = await claim(journal, 10, 10.0)
+    await journal.mark_failed(claimed, "AccessDenied")
+    await journal.commit_put(meta("ok", size=5), "blob2", 2.0)
+    fence = journal.last_seq
+    assert await journal.unflushed(None, "", fence) == (2, 12)
+    assert await journal.unflushed(None, "", fence, skip_failed=True) == (1, 5)
+    [ok] = await claim(journal, 10, 10.0)
+    await journal.mark_durable(ok)
+    assert await journal.wait_flushed(None, "", fence, 60.0, skip_failed=True) == (0, 0)
+    assert await journal.wait_flushed(None, "", fence, 0.0) == (1, 7)
+
+
 async def test_journal_recover_moves_flushing_back_to_pending(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     j = Journal(path, fsync=True)
