@@ -12,6 +12,7 @@ import secrets
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from aiohttp.web_request import BaseRequest
 
 from gateway import logs
 from gateway.errors import InternalError, S3Error
@@ -31,7 +32,15 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-def render_error(request: web.Request, exc: S3Error) -> web.Response:
+def assign_request_id(request: BaseRequest) -> str:
+    """A new request id, kept on the request and in the log context."""
+    request_id = secrets.token_hex(8).upper()
+    request[_REQUEST_ID_KEY] = request_id
+    REQUEST_ID.set(request_id)
+    return request_id
+
+
+def render_error(request: BaseRequest, exc: S3Error) -> web.Response:
     body = (
         b""
         if request.method == "HEAD" or exc.status == 304
@@ -50,9 +59,7 @@ def render_error(request: web.Request, exc: S3Error) -> web.Response:
 
 @web.middleware
 async def s3_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = secrets.token_hex(8).upper()
-    request[_REQUEST_ID_KEY] = request_id
-    REQUEST_ID.set(request_id)
+    assign_request_id(request)
     try:
         return await handler(request)
     except S3Error as exc:

@@ -10,7 +10,6 @@ is off: ``gateway.s3.access`` logs every request with presigned signatures redac
 from __future__ import annotations
 
 import logging
-import secrets
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -23,8 +22,7 @@ from gateway.errors import BadRequest, IncompleteBody, RequestHeaderSectionTooLa
 from gateway.s3.access import access_log
 from gateway.s3.dispatch import SERVICES, S3Services, dispatch
 from gateway.s3.metrics import write_metrics
-from gateway.s3.middleware import add_request_headers, s3_errors
-from gateway.s3.xml import error_document
+from gateway.s3.middleware import add_request_headers, assign_request_id, render_error, s3_errors
 
 log = logging.getLogger(__name__)
 KiB = 1 << 10
@@ -102,13 +100,9 @@ class _S3RequestHandler(RequestHandler):
         # The parser's message may quote the offending bytes (an Authorization line): log the
         # exception's type only.
         log.info("unparseable request -> %d %s (%s)", error.status, error.code, type(exc).__name__)
-        request_id = secrets.token_hex(8).upper()
-        body = error_document(error.code, error.message, request_id, {})
-        response = web.Response(
-            status=error.status,
-            body=body,
-            headers={"Content-Type": "application/xml", "x-amz-request-id": request_id},
-        )
+        request_id = assign_request_id(request)
+        response = render_error(request, error)  # no app here: add its request-id header too
+        response.headers["x-amz-request-id"] = request_id
         response.force_close()
         return response
 
