@@ -330,14 +330,17 @@ def _validate_limits(settings: Settings) -> None:
             raise ConfigError(f"{flag_name(name)}: {path} does not exist")
     host = settings.admin_listen.rpartition(":")[0].strip("[]")
     has_token = settings.admin_token is not None or settings.admin_token_file is not None
-    if not has_token and not _is_loopback(host):
+    if not has_token and not is_loopback(host):
         raise ConfigError(
             f"admin-listen {settings.admin_listen} is not loopback: set admin-token "
             "(GATEWAY_ADMIN_TOKEN) or admin-token-file"
         )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``); a host name
+    may resolve to anything, so it is not."""
+    host = host.strip("[]")
     if host.lower() == "localhost":
         return True
     try:

@@ -10,12 +10,13 @@ CLI (``gateway status`` / ``gateway drain``) sends ``GATEWAY_ADMIN_TOKEN``.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+
+from gateway.config import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -25,17 +26,6 @@ _SCHEME = "bearer "
 
 class AdminTokenError(ValueError):
     """The admin token is missing or unreadable where one is required."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``)."""
-    host = host.strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
 
 
 def resolve_admin_token(listen_host: str, token: str | None, token_file: Path | None) -> str | None:

@@ -24,14 +24,6 @@ REQUEST_ID = logs.REQUEST_ID
 _REQUEST_ID_KEY = "request_id"
 
 
-class RequestIdFilter(logging.Filter):
-    """Adds ``request_id`` to every log record (for formats that print it)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = REQUEST_ID.get()
-        return True
-
-
 def assign_request_id(request: BaseRequest) -> str:
     """A new request id, kept on the request and in the log context."""
     request_id = secrets.token_hex(8).upper()

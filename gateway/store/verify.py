@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gateway.checksums import b64, new_hasher
+from gateway.store.blobs import BlobStore
 
 _PIECE_BYTES = 1 << 20
 
@@ -67,15 +68,12 @@ def verify_data_dir(data_dir: Path) -> Report:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         report = Report()
+        blobs = BlobStore(data_dir)  # only for its file layout: nothing is opened or written
         for expect in list(_expectations(conn)):
-            _check(data_dir, conn, expect, report)
+            _check(blobs, conn, expect, report)
         return report
     finally:
         conn.close()
-
-
-def _blob_path(data_dir: Path, blob_id: str) -> Path:
-    return data_dir / "blobs" / blob_id[:2] / blob_id
 
 
 def _expectations(conn: sqlite3.Connection) -> Iterator[_Expect]:
@@ -122,12 +120,12 @@ def _md5(etag: str) -> str | None:
     return value if len(value) == 32 and "-" not in value else None
 
 
-def _check(data_dir: Path, conn: sqlite3.Connection, expect: _Expect, report: Report) -> None:
+def _check(blobs: BlobStore, conn: sqlite3.Connection, expect: _Expect, report: Report) -> None:
     algorithms = {"md5", *expect.checksums}
     hashers = {name: new_hasher(name) for name in algorithms}
     size = 0
     try:
-        with _blob_path(data_dir, expect.blob_id).open("rb") as body:
+        with blobs.path(expect.blob_id).open("rb") as body:
             while piece := body.read(_PIECE_BYTES):
                 size += len(piece)
                 for hasher in hashers.values():
