@@ -255,7 +255,6 @@ class Flusher:
             log.exception("unexpected error flushing %s/%s", obj.meta.bucket, obj.meta.key)
             await self._on_failure(obj, lane, Retryable(f"unexpected {type(exc).__name__}: {exc}"))
             return
-        lane.on_success(self._clock.monotonic())
         self._uploads_ok += 1
         if await self._journal.mark_durable(obj):
             metrics.FLUSH_OBJECTS.inc()
@@ -263,10 +262,16 @@ class Flusher:
         log.debug("flushed %s/%s seq=%d", obj.meta.bucket, obj.meta.key, obj.seq)
 
     @contextlib.asynccontextmanager
-    async def _slot(self, lane: Lane, requests: int, size_bytes: int) -> AsyncIterator[None]:
+    async def _slot(
+        self, lane: Lane, requests: int, size_bytes: int, *, sent: bool = True
+    ) -> AsyncIterator[None]:
         """Admission of one request, sent inside the ``async with``: the lane's tokens,
         then a global slot, then the global tokens. Global tokens are taken only when the
-        lane lets the request go, so none is spent on a moment the request cannot use."""
+        lane lets the request go, so none is spent on a moment the request cannot use.
+
+        With ``sent``, the outcome goes to the lane with the moment the request left (its
+        rate is measured from send times): leaving the block is an acceptance, a
+        ``Throttled`` raised in it a throttle."""
         await self._lane_tokens(lane, requests, size_bytes)
         async with self._slots:
             now_s = self._clock.monotonic()
@@ -275,7 +280,18 @@ class Flusher:
             )
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
-            yield
+            sent_s = self._clock.monotonic()
+            if sent:
+                lane.on_send(sent_s)
+            try:
+                yield
+            except Throttled as exc:
+                if sent:
+                    exc.lane_noted = True
+                    lane.on_throttle(self._clock.monotonic(), exc.retry_after_s, sent_s)
+                raise
+            if sent:
+                lane.on_success(self._clock.monotonic(), sent_s)
 
     async def _lane_tokens(self, lane: Lane, requests: int, size_bytes: int) -> None:
         """Wait for the lane's tokens (requests and bytes). A wait timed before the lane's
@@ -291,6 +307,7 @@ class Flusher:
                     await asyncio.sleep(wait_s)
                 finally:
                     self._lane_waiting -= 1
+                lane.poll(self._clock.monotonic())  # a measurement may settle meanwhile
             if lane.cuts == cuts:
                 return
 
@@ -337,7 +354,7 @@ class Flusher:
                 return
             # CreateMultipartUpload takes its tokens here but is sent by put_multipart,
             # outside the slot; each part and the completion hold a slot while sent.
-            async with self._slot(lane, 1, 0):
+            async with self._slot(lane, 1, 0, sent=False):
                 pass
 
             async def run(size_bytes: int, send: Callable[[], Awaitable[T]]) -> T:
@@ -389,7 +406,8 @@ class Flusher:
         if isinstance(exc, Throttled):
             self._throttles += 1
             metrics.FLUSH_THROTTLES.labels(lane.bucket, lane.prefix).inc()
-            lane.on_throttle(self._clock.monotonic(), exc.retry_after_s)
+            if not exc.lane_noted:  # not sent through a slot (CreateMultipartUpload)
+                lane.on_throttle(self._clock.monotonic(), exc.retry_after_s)
 
     async def _on_failure(self, obj: LocalObject, lane: Lane, exc: FlushError) -> None:
         self._last_error = f"{obj.meta.bucket}/{obj.meta.key}: {exc}"

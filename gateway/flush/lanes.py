@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.flush.ratelimit import AimdRate, TokenBucket
+from gateway.flush.ratelimit import AimdRate, RatePool, TokenBucket
 
 _MAX_IDLE_LANES = 4096  # idle lanes are forgotten beyond this (a new step makes new lanes)
 _THROTTLE_MEMORY_S = 300.0  # a throttled lane's state is kept at least this long
@@ -50,10 +50,17 @@ class LaneStatus:
 class Lane:
     """One prefix lane's flow-control state (mutated only on the event loop)."""
 
-    def __init__(self, bucket: str, prefix: str, config: LaneConfig, now_s: float) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        config: LaneConfig,
+        now_s: float,
+        pool: RatePool | None = None,
+    ) -> None:
         self.bucket = bucket
         self.prefix = prefix
-        self.rate = AimdRate(config.rate_per_s, config.min_rate_per_s, now_s)
+        self.rate = AimdRate(config.rate_per_s, config.min_rate_per_s, now_s, pool=pool)
         self.requests = TokenBucket(config.rate_per_s, max(config.rate_per_s, 1.0), now_s)
         self.bandwidth = TokenBucket(
             config.bandwidth_bytes_per_s, config.bandwidth_bytes_per_s, now_s
@@ -72,12 +79,9 @@ class Lane:
     def reserve(self, requests: int, size_bytes: int, now_s: float) -> float:
         """Take tokens for an upload; seconds to wait before sending it."""
         self.last_used_s = now_s
-        wait_s = max(
+        return max(
             self.requests.reserve(requests, now_s), self.bandwidth.reserve(size_bytes, now_s)
         )
-        for _ in range(requests):  # counted when they will leave, not while they queue
-            self.rate.on_send(now_s + wait_s)
-        return wait_s
 
     def _apply_rate(self, now_s: float) -> None:
         # The burst follows the rate (one second's worth): a lane cut to 5/s must not
@@ -85,22 +89,40 @@ class Lane:
         rate = self.rate.rate_per_s
         self.requests.set_rate(rate, now_s, burst=max(1.0, rate))
 
-    def on_success(self, now_s: float) -> None:
-        self.rate.on_success(now_s)
-        self._apply_rate(now_s)
+    def poll(self, now_s: float) -> None:
+        """Let a measurement settle on time alone (see ``AimdRate.poll``)."""
+        if self.rate.poll(now_s):
+            self._cut(now_s)
 
-    def on_throttle(self, now_s: float, retry_after_s: float | None) -> None:
-        self.throttles += 1
-        if self.rate.on_throttle(now_s):
-            # Every request waiting for this lane's tokens reserves again at the new rate
-            # (the flusher checks ``cuts``), so the debt they ran up is dropped, not paid
-            # twice: kept, it idled a lane of one request per second for 15 s after a cut.
-            self.cuts += 1
-            self.requests.forgive(now_s)
-            self.bandwidth.forgive(now_s)
+    def on_send(self, sent_s: float) -> None:
+        """A request of this lane left at ``sent_s`` (its outcome will say the same)."""
+        self.rate.on_send(sent_s)
+
+    def on_success(self, now_s: float, sent_s: float | None = None) -> None:
+        """A request sent at ``sent_s`` (default: now) was accepted."""
+        if self.rate.on_success(now_s, sent_s):
+            self._cut(now_s)
+        else:
             self._apply_rate(now_s)
+
+    def on_throttle(
+        self, now_s: float, retry_after_s: float | None, sent_s: float | None = None
+    ) -> None:
+        """A request sent at ``sent_s`` (default: now) was throttled."""
+        self.throttles += 1
+        if self.rate.on_throttle(now_s, sent_s):
+            self._cut(now_s)
         if retry_after_s:
             self.paused_until_s = max(self.paused_until_s, now_s + retry_after_s)
+
+    def _cut(self, now_s: float) -> None:
+        # Every request waiting for this lane's tokens reserves again at the new rate (the
+        # flusher checks ``cuts``), so the debt they ran up is dropped, not paid twice:
+        # kept, it idled a lane of one request per second for 15 s after a cut.
+        self.cuts += 1
+        self.requests.restart(now_s)
+        self.bandwidth.forgive(now_s)
+        self._apply_rate(now_s)
 
     def status(self, now_s: float) -> LaneStatus:
         return LaneStatus(
@@ -119,6 +141,7 @@ class Lanes:
     def __init__(self, config: LaneConfig) -> None:
         self.config = config
         self._lanes: dict[tuple[str, str], Lane] = {}
+        self._pools: dict[str, RatePool] = {}  # per bucket: its lanes' measured limits
 
     def prefix_of(self, key: str) -> str:
         return lane_prefix(key, self.config.depth)
@@ -129,7 +152,8 @@ class Lanes:
         if lane is None:
             if len(self._lanes) >= _MAX_IDLE_LANES:
                 self._forget_idle(now_s)
-            lane = self._lanes[ident] = Lane(bucket, ident[1], self.config, now_s)
+            pool = self._pools.setdefault(bucket, RatePool())
+            lane = self._lanes[ident] = Lane(bucket, ident[1], self.config, now_s, pool)
         return lane
 
     def peek(self, bucket: str, key: str) -> Lane | None:

@@ -1,14 +1,18 @@
 """Rate policies of the flusher, pure and clock-injected (every method takes ``now_s``).
 
 ``TokenBucket`` limits a rate with a burst allowance; ``AimdRate`` is the adaptive limit of
-one prefix lane: cut multiplicatively on a throttle, grown additively on success, so it
-settles just under what the upstream accepts for that prefix instead of oscillating.
+one prefix lane: it measures what the upstream accepts for that prefix once the prefix
+first throttles, settles just under it, then grows additively on success and is cut
+multiplicatively on a throttle, so it stays near the limit instead of oscillating.
 """
 
 from __future__ import annotations
 
-import itertools
+import bisect
+import math
+import statistics
 from collections import deque
+from collections.abc import Sequence
 
 
 class TokenBucket:
@@ -49,6 +53,12 @@ class TokenBucket:
         self._refill(now_s)
         self._tokens = max(self._tokens, 0.0)
 
+    def restart(self, now_s: float) -> None:
+        """``forgive``, and empty the bucket: the next reservation waits one interval at
+        the (new) rate, as the upstream's own bucket is empty when it throttles."""
+        self.forgive(now_s)
+        self._tokens = 0.0
+
     def reserve(self, n: float, now_s: float) -> float:
         """Take ``n`` tokens; seconds to wait before they are really there (0 if now)."""
         if self.unlimited:
@@ -58,40 +68,128 @@ class TokenBucket:
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate_per_s
 
 
-class AimdRate:
-    """Additive-increase / multiplicative-decrease request rate of one lane.
+def refill_bounds(outcomes: Sequence[tuple[float, bool]], slack_s: float) -> tuple[float, float]:
+    """Bounds ``(low, high)`` on the refill rate of the token bucket that answered requests
+    sent at the given times (sorted) with acceptance (True) or refusal (False).
 
-    - On a throttle, once the lane has seen ``_MIN_SAMPLES`` successes in the last
-      measuring span (four ``window_s`` or ``_SAMPLES`` requests at the current rate,
-      whichever is longer), the rate drops to ``accepted_decrease`` times the lower of the current
-      limit and the rate the upstream actually accepted over that span: what a prefix
-      accepts while it throttles is its limit, so the cut lands just under it in one step.
-      The accepted rate is measured between the first and the last success of the span,
-      and only once they are a window apart (a burst of successes is no rate); it is
-      never taken above one over the median gap between successes (a prefix whose bucket
-      starts full answers its first requests at once, which a count would take as rate). Before
-      that, it halves (``decrease``) the lower of the limit and the rate sent over the
-      span (a limit never reached would take many cuts to bite); or, once the first
-      success is a window old, it goes to ``accepted_decrease`` times the successes so far
-      per second since the first: while a lane pushes, that figure is above the prefix's
-      limit and falls towards it.
-    - At most one cut per ``window_s`` or one request interval at the current rate,
-      whichever is longer: one overload answers every request in flight with 503 at once.
-    - Each success adds ``growth_per_request`` of the rate, but no more than ``growth``
-      of the rate per second of successes: slow lanes probe upward by requests (about 350
-      successes to double), fast lanes by seconds (+5 %/s), so a lane near a limit of one
-      request per second does not overshoot it every few requests.
-    - Once a level was measured that way, later throttles are marginal ones: the rate is
-      cut by ``marginal_decrease`` and the level follows it down.
-    - Below the measured level, a success adds ``recovery_per_request`` of the rate instead:
-      a lane cut deeper by a stray 503 (timing jitter) or by cuts made before the accepted
-      rate was known returns to that level in a few requests, not a few hundred.
+    A refusal at ``s`` means the bucket held less than one token; an acceptance at ``a``,
+    at least one. So from a refusal at ``s`` to a later acceptance at ``a`` the bucket
+    earned more than the acceptances sent in ``[s, a)``: ``rate > n / (a - s)``; from an
+    acceptance at ``a`` to a later refusal at ``s`` it earned less than the acceptances in
+    ``[a, s)``, ``a``'s included: ``rate < n / (s - a)``. The upper bounds assume the bucket
+    did not fill up to its burst in between (it drops tokens then), which holds while
+    the sender offers more than the rate. A request reaches the bucket up to ``slack_s``
+    later than it was sent, which widens every interval. ``(0, inf)`` when nothing is known.
+    """
+    low, high = 0.0, math.inf
+    for i, (start_s, start_ok) in enumerate(outcomes):
+        accepted = 1 if start_ok else 0  # acceptances sent in [start_s, end_s)
+        for end_s, end_ok in outcomes[i + 1 :]:
+            if start_ok and not end_ok and end_s - start_s > slack_s:
+                high = min(high, accepted / (end_s - start_s - slack_s))
+            elif not start_ok and end_ok and accepted:
+                low = max(low, accepted / (end_s - start_s + slack_s))
+            accepted += end_ok
+    return low, high
+
+
+def refill_estimate(outcomes: Sequence[tuple[float, bool]]) -> float | None:
+    """The refill rate that best explains the outcomes (as in ``refill_bounds``), or None.
+
+    An acceptance right after a refusal (in send order) marks a token's arrival between
+    the two sends; from one such mark to the next, the bucket earned exactly the
+    acceptances sent in between (it never filled while the sender kept it empty). The
+    middles of the first and the last mark's intervals give the rate, without the bias
+    of either bound (each takes its marks' intervals at their widest or narrowest).
+    """
+    marks: list[tuple[float, int]] = []  # (middle of the interval, acceptances before)
+    accepted = 0
+    previous: tuple[float, bool] | None = None
+    for sent_s, ok in outcomes:
+        if ok and previous is not None and not previous[1]:
+            marks.append(((previous[0] + sent_s) / 2, accepted))
+        accepted += ok
+        previous = (sent_s, ok)
+    if len(marks) < 2 or marks[-1][0] <= marks[0][0]:
+        return None
+    return (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+
+
+def _accepted_rate(outcomes: Sequence[tuple[float, bool]]) -> float | None:
+    """Acceptances per second from the first refusal on: what a prefix kept empty lets
+    through. The fallback when jitter beyond the slack crossed the bounds (a fast lane
+    whose requests overtake each other); its error is one token over the span."""
+    refusals = [s for s, ok in outcomes if not ok]
+    if not refusals:
+        return None
+    span = [s for s, ok in outcomes if ok and s > refusals[0]]
+    if len(span) < 2 or span[-1] <= refusals[0]:
+        return None
+    return (len(span) - 1) / (span[-1] - refusals[0])
+
+
+class RatePool:
+    """The measured per-prefix limits of one bucket's lanes.
+
+    S3 documents one request limit per prefix, the same for every prefix of a bucket,
+    and a lane measures it from only two or three token arrivals (a few per cent off
+    either way); the median of the bucket's measurements is far closer. A lane uses the
+    median only within its own measurement's bounds, so a prefix whose limit really
+    differs (another writer shares it) keeps its own.
     """
 
-    _MIN_SAMPLES = 3  # successes before the accepted rate is trusted
-    _SAMPLES = 8  # the measuring span holds this many requests at the current rate
-    _SPAN_WINDOWS = 4  # and lasts at least this many windows
-    _MAX_KEPT = 4096  # successes remembered at most (a fast lane's span holds thousands)
+    _KEPT = 64
+
+    def __init__(self) -> None:
+        self._estimates: deque[float] = deque(maxlen=self._KEPT)
+        self.version = 0  # changes with every measurement added
+
+    def add(self, estimate_per_s: float) -> None:
+        self._estimates.append(estimate_per_s)
+        self.version += 1
+
+    def median(self) -> float | None:
+        """The median measurement, once three lanes have one (None before)."""
+        return statistics.median(self._estimates) if len(self._estimates) >= 3 else None
+
+
+class AimdRate:
+    """The adaptive request rate of one lane, in three phases.
+
+    - **Open**: at the ceiling (S3's documented per-prefix limit) until the prefix first
+      throttles: most prefixes never do, and they pay nothing for adaptation.
+    - **Measuring**: from the first throttle, the lane probes at ``probe_factor`` times
+      the rate it saw accepted (at least ``probe_min_per_s``), so the prefix's bucket
+      stays empty and each acceptance marks when a token arrived. ``refill_bounds`` and
+      ``refill_estimate`` turn the send times and answers into the prefix's rate. Once
+      the bounds are within ``tolerance`` of each other, or both are known at the
+      deadline (``_measure_deadline_s``), the lane settles at ``settle`` times the
+      estimate, or ``settle_pooled`` times the bucket's pooled one (``RatePool``, more
+      precise, so with less margin) when that is within the bounds. A
+      measurement whose first ``_PROBE_DOUBLING`` answers (or more) are less than a
+      quarter throttles doubles the probe and starts over (the limit is higher than
+      thought; a ratio, not successes in a row, as a sliding-window limiter answers in
+      long runs of each). The refusals while measuring are the price of
+      knowing the limit: a controller that only cuts on 503s must guess it from a
+      handful of successes, and near one request per second those guesses were 10-40 %
+      off.
+    - **Steady**: additive growth per success (``growth_per_request`` of the rate, no
+      more than ``growth`` of it per second, so slow lanes probe by requests and fast
+      lanes by seconds), and a cut by ``marginal_decrease`` on a throttle, at most once per
+      ``window_s`` or one request interval (one overload answers every request in flight
+      at once).
+
+    Every outcome carries the time its request was sent (``sent_s``), and ``on_send``
+    announces each request: answers come back out of order, and an acceptance only after
+    its body is through (a second or more when the upstream's bandwidth is busy), while a
+    throttle comes back within a round trip. So while measuring, a request unanswered for
+    three times the slowest throttle answer seen (at least ``presume_s``) counts as
+    accepted; otherwise the lane would learn of its tokens a body's transfer late and
+    keep probing meanwhile.
+    """
+
+    _PROBE_DOUBLING = 8  # answers while measuring before the probe may double
+    _KEPT = 48  # outcomes a measurement keeps (bounds cost O(n^2) per outcome)
 
     def __init__(
         self,
@@ -99,115 +197,206 @@ class AimdRate:
         floor_per_s: float,
         now_s: float,
         *,
-        decrease: float = 0.5,
-        accepted_decrease: float = 0.9,
-        marginal_decrease: float = 0.85,
-        growth: float = 0.05,
+        probe_factor: float = 1.5,
+        probe_min_per_s: float = 6.0,
+        settle: float = 0.95,
+        settle_pooled: float = 0.97,
+        tolerance: float = 0.1,
+        measure_s: float = 2.4,
+        slack_s: float = 0.01,
+        presume_s: float = 0.1,
+        marginal_decrease: float = 0.9,
+        growth: float = 0.02,
         growth_per_request: float = 0.002,
-        recovery_per_request: float = 0.1,
         window_s: float = 1.0,
+        pool: RatePool | None = None,
     ) -> None:
         self.ceiling_per_s = ceiling_per_s
         self.floor_per_s = min(floor_per_s, ceiling_per_s)
         self.rate_per_s = ceiling_per_s
-        self._decrease = decrease
-        self._accepted_decrease = accepted_decrease
+        self.phase = "open"
+        self.estimate_per_s: float | None = None  # the last measurement's result
+        self._probe_factor = probe_factor
+        self._probe_min_per_s = probe_min_per_s
+        self._settle = settle
+        self._settle_pooled = settle_pooled
+        self._tolerance = tolerance
+        self._measure_s = measure_s
+        self._slack_s = slack_s
+        self._presume_s = presume_s
         self._marginal_decrease = marginal_decrease
         self._growth = growth
         self._growth_per_request = growth_per_request
-        self._recovery_per_request = recovery_per_request
-        self._known_good_per_s = 0.0  # the level of the last cut to a measured rate
         self._window_s = window_s
-        self._last_cut_s = -float("inf")
-        self._sent: deque[float] = deque()
-        self._accepted: deque[float] = deque(maxlen=self._MAX_KEPT)
+        self._accepted = 0  # successes while open (the probe's starting point)
+        self._first_accepted_s: float | None = None
+        self._measure_from_s = 0.0  # outcomes sent earlier are not part of the measurement
+        self._measure_began_s = 0.0
+        self._first_sent_s: float | None = None
+        self._outcomes: list[tuple[float, bool]] = []  # (sent_s, accepted), sorted
+        self._in_flight: list[float] = []  # sent_s of unanswered requests, sorted
+        self._throttle_answer_s = 0.0  # the slowest throttle answer seen while measuring
+        self._fastest_throttle_s = math.inf  # and the fastest: their spread is the jitter
+        self._answers = [0, 0]  # throttles, successes of this measurement
+        self._last_cut_s = -math.inf
+        self._pool = pool
+        self._pool_seen = -1
+        self._bounds = (0.0, math.inf)  # of the last measurement
+        self._throttled_since_settling = False
 
-    def on_send(self, now_s: float) -> None:
-        """A request was sent (to measure the rate actually achieved)."""
-        self._sent.append(now_s)
-        self._trim(now_s)
+    def on_send(self, sent_s: float) -> None:
+        """A request left at ``sent_s``; its outcome will come with the same ``sent_s``."""
+        if self._first_sent_s is None:
+            self._first_sent_s = sent_s
+        if self.phase != "steady":
+            bisect.insort(self._in_flight, sent_s)
+            del self._in_flight[: -self._KEPT]
 
-    def sent_rate_per_s(self, now_s: float) -> float:
-        """Requests sent per second over the measuring span (a send scheduled later is not
-        counted): at one request per second, a one-second window would often read 0."""
-        self._trim(now_s)
-        sent = [t for t in self._sent if t <= now_s]
-        if not sent:
-            return 0.0
-        # Over the span, or since the first send if the lane is younger (a window at least).
-        return len(sent) / max(self._window_s, min(self._span_s(), now_s - sent[0]))
-
-    def _span_s(self) -> float:
-        return max(self._SPAN_WINDOWS * self._window_s, self._SAMPLES / self.rate_per_s)
-
-    def accepted_rate_per_s(self, now_s: float) -> float | None:
-        """Successes per second over the measuring span (None until there are enough)."""
-        span_s = self._span_s()
-        while self._accepted and self._accepted[0] < now_s - span_s:
-            self._accepted.popleft()
-        count = len(self._accepted)
-        if count < self._MIN_SAMPLES or now_s - self._accepted[0] < self._window_s:
-            return None  # too few, or seen for too short a time (a burst is no rate)
-        first_s, last_s = self._accepted[0], self._accepted[-1]
-        if last_s <= first_s:
-            return None
-        return min((count - 1) / (last_s - first_s), self._typical_rate_per_s())
-
-    def _typical_rate_per_s(self) -> float:
-        """One over the (upper) median gap between successes: a clump of successes (the
-        prefix's bucket was full) does not count as a rate, as it does in a plain count."""
-        times = list(self._accepted)
-        gaps = sorted(b - a for a, b in itertools.pairwise(times))
-        if not gaps or gaps[len(gaps) // 2] <= 0:
-            return float("inf")
-        return 1.0 / gaps[len(gaps) // 2]
-
-    def _trim(self, now_s: float) -> None:
-        while self._sent and self._sent[0] < now_s - self._span_s():
-            self._sent.popleft()
-
-    def on_throttle(self, now_s: float) -> bool:
-        """Cut the rate (unless cut within the last window). True if it was cut."""
-        if now_s - self._last_cut_s < max(self._window_s, 1.0 / self.rate_per_s):
+    def on_success(self, now_s: float, sent_s: float | None = None) -> bool:
+        """One accepted request. True if the rate fell (a measurement settled)."""
+        sent_s = self._answered(now_s if sent_s is None else sent_s)
+        if self.phase == "open":
+            self._accepted += 1
+            if self._first_accepted_s is None:
+                self._first_accepted_s = now_s
+            self._keep(sent_s, True)
             return False
-        cut, level = self._cut(now_s)
-        self.rate_per_s = max(self.floor_per_s, cut)
-        if level is not None:
-            # Remembered as known to be accepted; an older level fades by a cut's worth, so
-            # a prefix whose limit really fell is not pushed back up to its old one.
-            self._known_good_per_s = max(level, self._known_good_per_s * self._accepted_decrease)
-        self._last_cut_s = now_s
-        return True
-
-    def _cut(self, now_s: float) -> tuple[float, float | None]:
-        """The rate after a cut, and the level measured from successes (None if none)."""
-        if self._known_good_per_s > 0:
-            # Measured once: the lane is near the limit and the 503 is a marginal one. A
-            # prefix with a small burst accepts about half of what a lane a little over its
-            # limit offers (each early request wastes a slot), so successes now would read
-            # far below the limit: cut the rate gently and lower the level to it instead.
-            cut = self.rate_per_s * self._marginal_decrease
-            self._known_good_per_s = 0.0
-            return cut, cut
-        accepted = self.accepted_rate_per_s(now_s)
-        if accepted is not None:
-            level = accepted * self._accepted_decrease
-            return min(self.rate_per_s * self._accepted_decrease, level), level
-        if self._accepted and now_s - self._accepted[0] >= self._window_s:
-            # The successes so far, over the time since the first, bound the prefix's
-            # limit from above and tend to it while the lane pushes: cut to just under.
-            seen = len(self._accepted) / (now_s - self._accepted[0])
-            level = min(seen, self._typical_rate_per_s()) * self._accepted_decrease
-            return min(self.rate_per_s * self._accepted_decrease, level), level
-        sent = max(self.sent_rate_per_s(now_s), self.floor_per_s)
-        return min(self.rate_per_s, sent) * self._decrease, None
-
-    def on_success(self, now_s: float) -> None:
-        """One successful request: the rate grows (see the class docstring)."""
-        self._accepted.append(now_s)
-        if self.rate_per_s < self._known_good_per_s:
-            grown = self.rate_per_s * (1.0 + self._recovery_per_request)
-            self.rate_per_s = min(self._known_good_per_s, grown)
-            return
+        if self.phase == "measuring":
+            self._answers[1] += 1
+            if self._observe(now_s, sent_s, True):
+                return True
+            throttles, successes = self._answers
+            if throttles + successes >= self._PROBE_DOUBLING and 4 * throttles < successes:
+                # The probe was under the limit, so the prefix's bucket may have refilled
+                # meanwhile: what was seen bounds nothing from above. Start again, faster.
+                self._answers = [0, 0]
+                self._outcomes.clear()
+                self._measure_from_s = sent_s
+                self.rate_per_s = min(self.ceiling_per_s, self.rate_per_s * 2)
+                if self.rate_per_s >= self.ceiling_per_s:
+                    self.phase = "open"  # no limit below the ceiling after all
+            return False
+        fell = self._adopt_pooled()
+        if fell is not None:
+            return fell
         step = min(self._growth_per_request * self.rate_per_s, self._growth)
         self.rate_per_s = min(self.ceiling_per_s, self.rate_per_s + step)
+        return False
+
+    def _adopt_pooled(self) -> bool | None:
+        """Follow the bucket's median measurement while it is within this lane's bounds
+        and the lane has not been throttled since it settled. None if the rate was not
+        set from it, else whether it fell."""
+        if self._pool is None or self._pool.version == self._pool_seen:
+            return None
+        self._pool_seen = self._pool.version
+        pooled = self._pool.median()
+        if pooled is None or self._throttled_since_settling:
+            return None
+        low, high = self._bounds
+        estimate = min(max(pooled, low), high)
+        if self.estimate_per_s is not None and abs(estimate / self.estimate_per_s - 1) < 0.01:
+            return None
+        before = self.rate_per_s
+        self.estimate_per_s = estimate
+        level = self._settle_pooled * estimate
+        self.rate_per_s = max(self.floor_per_s, min(self.ceiling_per_s, level))
+        return self.rate_per_s < before
+
+    def on_throttle(self, now_s: float, sent_s: float | None = None) -> bool:
+        """One throttled request. True if the rate was cut (queued requests re-time)."""
+        sent_s = self._answered(now_s if sent_s is None else sent_s)
+        if self.phase == "open":
+            self._begin_measuring(now_s, sent_s)
+            return True
+        if self.phase == "measuring":
+            self._answers[0] += 1
+            self._throttle_answer_s = max(self._throttle_answer_s, now_s - sent_s)
+            self._fastest_throttle_s = min(self._fastest_throttle_s, now_s - sent_s)
+            return self._observe(now_s, sent_s, False)
+        self._throttled_since_settling = True
+        if now_s - self._last_cut_s < max(self._window_s, 1.0 / self.rate_per_s):
+            return False
+        self._last_cut_s = now_s
+        self.rate_per_s = max(self.floor_per_s, self.rate_per_s * self._marginal_decrease)
+        return True
+
+    def poll(self, now_s: float) -> bool:
+        """Re-check a measurement with no new answer (unanswered requests age into
+        presumed acceptances). True if it settled: the rate fell."""
+        return self.phase == "measuring" and self._settles(now_s)
+
+    def _answered(self, sent_s: float) -> float:
+        at = bisect.bisect_left(self._in_flight, sent_s)
+        if at < len(self._in_flight) and self._in_flight[at] == sent_s:
+            del self._in_flight[at]
+        return sent_s
+
+    def _begin_measuring(self, now_s: float, sent_s: float) -> None:
+        self.phase = "measuring"
+        # Successes sent just before the first throttle count too: the prefix's bucket
+        # was emptied by them (a lane that was open sent as fast as it had work).
+        self._measure_from_s, self._measure_began_s = sent_s - self._window_s, now_s
+        self._outcomes = [o for o in self._outcomes if o[0] >= self._measure_from_s]
+        self._keep(sent_s, False)
+        self._throttle_answer_s = self._fastest_throttle_s = now_s - sent_s
+        self._answers = [1, 0]
+        seen_per_s = 0.0
+        if self._first_accepted_s is not None:
+            seen_per_s = self._accepted / max(self._window_s, now_s - self._first_accepted_s)
+        if self.estimate_per_s is not None:
+            seen_per_s = max(seen_per_s, self.estimate_per_s)
+        probe = max(self._probe_min_per_s, self._probe_factor * seen_per_s)
+        self.rate_per_s = max(self.floor_per_s, min(self.ceiling_per_s, probe))
+
+    def _measure_deadline_s(self) -> float:
+        """``measure_s`` after the lane's first request, and at least half of it after
+        the first throttle: a lane throttled at once is measured within its first
+        seconds, and a later one still gets time for two token arrivals."""
+        began_s = self._measure_began_s if self._first_sent_s is None else self._first_sent_s
+        return max(began_s + self._measure_s, self._measure_began_s + self._measure_s / 2)
+
+    def _keep(self, sent_s: float, accepted: bool) -> None:
+        bisect.insort(self._outcomes, (sent_s, accepted))
+        del self._outcomes[: -self._KEPT]
+
+    def _observe(self, now_s: float, sent_s: float, accepted: bool) -> bool:
+        """Add an outcome to the measurement; settle if it now says enough."""
+        if sent_s >= self._measure_from_s:
+            self._keep(sent_s, accepted)
+        return self._settles(now_s)
+
+    def _settles(self, now_s: float) -> bool:
+        """Settle the measurement if what is known says enough (see the class docstring)."""
+        presume_s = max(self._presume_s, 3 * self._throttle_answer_s)
+        presumed = [
+            (s, True) for s in self._in_flight if self._measure_from_s <= s <= now_s - presume_s
+        ]
+        outcomes = sorted(self._outcomes + presumed)
+        # Requests reach the prefix with a jitter about the spread of the throttles'
+        # round trips: more than ``slack_s`` on a busy machine or a fast lane.
+        jitter_s = self._throttle_answer_s - self._fastest_throttle_s
+        low, high = refill_bounds(outcomes, max(self._slack_s, jitter_s))
+        known = low > 0 and math.isfinite(high)
+        narrow = known and low <= high <= low * (1 + self._tolerance)
+        if not (narrow or (known and now_s >= self._measure_deadline_s())):
+            return False
+        estimate = refill_estimate(outcomes) if low <= high else _accepted_rate(outcomes)
+        own = min(max(estimate or (low + high) / 2, min(low, high)), max(low, high))
+        settle = self._settle
+        self._bounds = (min(low, high), max(low, high))
+        self._throttled_since_settling = False
+        if self._pool is not None:
+            self._pool.add(own)
+            self._pool_seen = self._pool.version
+            pooled = self._pool.median()
+            if pooled is not None:
+                own = min(max(pooled, self._bounds[0]), self._bounds[1])
+                settle = self._settle_pooled
+        self.estimate_per_s = own
+        self.phase = "steady"
+        self._in_flight.clear()
+        self._last_cut_s = now_s
+        level = settle * self.estimate_per_s
+        self.rate_per_s = max(self.floor_per_s, min(self.ceiling_per_s, level))
+        return True

@@ -470,7 +470,7 @@ async def test_throttled_lane_does_not_hold_back_other_lanes(
         await _attempts_are(journal, hot, 1)  # every hot key throttled once, backed off
         hot_lane, cold_lane = _lane(flusher, "hot/"), _lane(flusher, "cold/")
         assert hot_lane.throttles == 5
-        assert hot_lane.rate_limit_per_s == 1000.0  # cut once (one window), to the floor
+        assert hot_lane.rate_limit_per_s == 1000.0  # measuring: the probe, at the floor
         assert (cold_lane.throttles, cold_lane.rate_limit_per_s) == (0, 3500.0)
 
         for attempts in (2, 3):
@@ -486,7 +486,9 @@ async def test_throttled_lane_does_not_hold_back_other_lanes(
     assert [upstream.ops("put").count(("put", BUCKET, k)) for k in cold] == [1] * 5
     assert [upstream.ops("put").count(("put", BUCKET, k)) for k in hot] == [4] * 5
     hot_lane = _lane(flusher, "hot/")
-    assert 1000.0 < hot_lane.rate_limit_per_s < 3500.0  # growing back after the successes
+    # Still measuring, at the probe (here the floor): five successes against fifteen
+    # throttles say nothing about the prefix's limit yet.
+    assert hot_lane.rate_limit_per_s == 1000.0
     assert flusher.status().throttles == 15
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-from collections import deque
 
 import pytest
 
@@ -128,67 +127,90 @@ def test_lane_reserve_takes_the_longer_wait() -> None:
     assert lane.reserve(1, 100, 100.0) == pytest.approx(1.0)  # bytes bound
 
 
-def test_lane_reserve_counts_every_request_as_sent() -> None:
-    lane = _lane()
-    lane.reserve(5, 0, 100.0)  # a multipart upload: several requests at once
-    lane.reserve(1, 0, 100.2)
-    assert lane.rate.sent_rate_per_s(100.5) == 6.0
-
-
-def test_lane_throttle_cuts_rate_and_its_bucket() -> None:
+def test_lane_first_throttle_starts_measuring_and_re_times_queued_requests() -> None:
     lane = _lane(rate_per_s=3500.0)
-    for i in range(40):
-        lane.reserve(1, 0, 100.0 + i * 0.02)
-    lane.on_throttle(100.8, None)
+    lane.on_send(100.0)
+    lane.on_success(100.04, 100.0)
+    waits = [lane.reserve(1, 0, 100.1) for _ in range(8)]
+    assert waits == [0.0] * 8  # open: at the ceiling
+    lane.on_send(100.1)
+    lane.on_throttle(100.14, None, 100.1)
     assert lane.throttles == 1
-    assert lane.rate.rate_per_s == pytest.approx(20.0)
-    assert lane.requests.rate_per_s == pytest.approx(20.0)
-    status = lane.status(100.8)
-    assert (status.bucket, status.prefix, status.rate_limit_per_s) == ("bkt", "p/", 20.0)
+    assert lane.cuts == 1  # queued requests reserve again
+    assert lane.rate.phase == "measuring"
+    assert lane.rate.rate_per_s == pytest.approx(6.0)  # the probe
+    assert lane.requests.rate_per_s == pytest.approx(6.0)
+    # They reserve again one probe interval apart, from an empty bucket: the prefix has
+    # no token either.
+    again = [lane.reserve(1, 0, 100.14) for _ in range(3)]
+    assert again == pytest.approx([1 / 6, 2 / 6, 3 / 6])
+    status = lane.status(100.14)
+    assert (status.bucket, status.prefix, status.rate_limit_per_s) == ("bkt", "p/", 6.0)
     assert status.throttles == 1
 
 
-def test_lane_cut_drops_the_debt_of_queued_requests_that_reserve_again() -> None:
-    lane = _lane(rate_per_s=4.0)
-    waits = [lane.reserve(1, 0, 100.0) for _ in range(8)]  # 4 now, 4 queued: 0.25..1 s
-    assert waits[-1] == pytest.approx(1.0)
-    lane.on_throttle(100.1, None)  # to 2/s (half of 8 sent in 1 s... capped by 4)
-    assert lane.rate.rate_per_s == pytest.approx(2.0)
-    # The four queued requests reserve again: 0.5 s apart at the new rate from the cut,
-    # not behind the 1 s of debt they had already run up.
-    again = [lane.reserve(1, 0, 100.1) for _ in range(4)]
-    assert again == pytest.approx([0.5, 1.0, 1.5, 2.0])
-
-
-def test_lane_throttles_within_a_window_count_but_cut_once() -> None:
+def test_lane_throttles_while_measuring_count_but_cut_nothing() -> None:
     lane = _lane()
-    lane.reserve(8, 0, 100.0)
-    for _ in range(5):
-        lane.on_throttle(100.1, None)
-    assert lane.throttles == 5
-    assert lane.rate.rate_per_s == pytest.approx(4.0)  # one cut: 0.5 * 8 sent
+    lane.on_throttle(100.0, None, 100.0)
+    for i in range(5):
+        lane.on_throttle(100.1 + i * 0.1, None, 100.05 + i * 0.1)
+    assert lane.throttles == 6
+    assert lane.cuts == 1
+    assert lane.rate.rate_per_s == pytest.approx(6.0)
 
 
-def test_lane_throttle_never_goes_below_the_minimum() -> None:
-    lane = _lane(min_rate_per_s=5.0)
-    for t in range(10):
-        lane.on_throttle(100.0 + 2 * t, None)
-    assert lane.rate.rate_per_s == 5.0
-    assert lane.requests.rate_per_s == 5.0
+def _measured_lane(limit_per_s: float, **config: float) -> Lane:
+    """A lane that probed a prefix bucket of ``limit_per_s`` (burst 2) until it settled."""
+    lane = _lane(**config)
+    tokens, at_s, sent_s = 2.0, 100.0, 100.0
+    while lane.rate.phase != "steady" and sent_s < 110.0:
+        lane.poll(sent_s)
+        tokens = min(2.0, tokens + (sent_s - at_s) * limit_per_s)
+        at_s = sent_s
+        lane.on_send(sent_s)
+        if tokens >= 1:
+            tokens -= 1
+            lane.on_success(sent_s + 0.05, sent_s)
+        else:
+            lane.on_throttle(sent_s + 0.04, None, sent_s)
+        sent_s += 1.0 / lane.rate.rate_per_s
+    assert lane.rate.phase == "steady"
+    return lane
 
 
-def test_lane_success_grows_rate_and_its_bucket_up_to_the_ceiling() -> None:
-    lane = _lane(rate_per_s=100.0)
-    lane.reserve(10, 0, 100.0)
-    lane.on_throttle(100.0, None)
-    assert lane.rate.rate_per_s == pytest.approx(5.0)
-    lane.on_success(100.5)
-    assert lane.rate.rate_per_s == pytest.approx(5.01)  # +0.2 % per success when slow
+def test_lane_settles_just_under_the_prefix_limit() -> None:
+    lane = _measured_lane(1.0)
+    assert lane.rate.estimate_per_s == pytest.approx(1.0, rel=0.1)
+    assert lane.rate.rate_per_s == pytest.approx(0.95 * lane.rate.estimate_per_s)
     assert lane.requests.rate_per_s == lane.rate.rate_per_s
-    for _ in range(10_000):
-        lane.on_success(101.0)
-    assert lane.rate.rate_per_s == 100.0
-    assert lane.requests.rate_per_s == 100.0
+
+
+def test_lane_steady_throttle_never_goes_below_the_minimum() -> None:
+    lane = _measured_lane(1.0, min_rate_per_s=0.9)
+    for t in range(10):
+        lane.on_throttle(200.0 + 2 * t, None, 200.0 + 2 * t)
+    assert lane.rate.rate_per_s == 0.9
+    assert lane.requests.rate_per_s == 0.9
+
+
+def test_lane_steady_success_grows_rate_and_its_bucket_up_to_the_ceiling() -> None:
+    lane = _measured_lane(1.0, rate_per_s=2.0)
+    level = lane.rate.rate_per_s
+    lane.on_success(200.0, 199.0)
+    assert lane.rate.rate_per_s == pytest.approx(level * 1.002)  # +0.2 % per success
+    assert lane.requests.rate_per_s == lane.rate.rate_per_s
+    for i in range(10_000):
+        lane.on_success(201.0 + i, 200.0 + i)
+    assert lane.rate.rate_per_s == 2.0
+    assert lane.requests.rate_per_s == 2.0
+
+
+def test_lanes_of_a_bucket_pool_their_measurements() -> None:
+    lanes = Lanes(LaneConfig(depth=1))
+    measured = [lanes.lane_for("b", f"r{i}/x", 100.0) for i in range(3)]
+    assert len({id(lane.rate._pool) for lane in measured}) == 1
+    other = lanes.lane_for("other", "r0/x", 100.0)
+    assert other.rate._pool is not measured[0].rate._pool
 
 
 def test_lane_status_of_a_fresh_lane() -> None:
@@ -202,41 +224,40 @@ def test_lane_status_of_a_fresh_lane() -> None:
 # -- the cut must bite ----------------------------------------------------------------------
 
 
-def test_lane_after_a_cut_admits_about_one_second_of_the_new_rate_at_once() -> None:
+def test_lane_after_a_cut_admits_nothing_at_once() -> None:
     lane = _lane(rate_per_s=3500.0)
     lane.reserve(10, 0, 100.0)
-    lane.on_throttle(100.0, None)
-    new_rate = lane.rate.rate_per_s
-    assert new_rate == pytest.approx(5.0)
-    free = 0
-    while lane.reserve(1, 0, 100.0) == 0.0 and free < 10_000:
-        free += 1
-    assert free <= 2 * new_rate
+    lane.on_throttle(100.0, None, 100.0)
+    assert lane.reserve(1, 0, 100.0) > 0.0  # the prefix is empty: wait one interval
 
 
 def test_lane_idle_after_a_cut_does_not_bank_more_than_its_rate() -> None:
     lane = _lane(rate_per_s=3500.0)
     lane.reserve(200, 0, 100.0)
-    lane.on_throttle(100.0, None)  # cut to 100/s
+    lane.on_throttle(100.0, None, 100.0)  # measuring at the probe rate
     # Idle for 10 minutes (between two checkpoints), then a burst.
     free = 0
     while lane.reserve(1, 0, 700.0) == 0.0 and free < 10_000:
         free += 1
-    assert free <= 2 * lane.rate.rate_per_s
+    assert free <= max(1.0, lane.rate.rate_per_s)
 
 
 def _simulate_lane(limit_per_s: int, duration_s: float, concurrency: int) -> tuple[int, int]:
     """A lane with an endless backlog: ``concurrency`` workers each reserve a token, wait,
     send, and get the answer 20 ms later (so at most 50 x concurrency requests/s); the
-    upstream throttles a request once it accepted ``limit_per_s`` in the last second.
-    Returns (sent, throttled)."""
+    upstream is a token bucket of ``limit_per_s`` holding one second's worth (as S3's
+    and the emulator's prefixes are). Returns (sent, throttled) after the first 5 s.
+
+    A sliding-window limiter (``limit_per_s`` in any second) is not modelled: it answers
+    in long runs of acceptances and refusals, which the lane's measurement reads as a
+    much higher limit, and its steady state then draws about 8 % throttles."""
     latency_s = 0.02
     lane = Lane("bkt", "p/", LaneConfig(concurrency=concurrency), 0.0)
     # (time, tie-breaker, what): "ready" -> reserve; "send<cuts>" -> upstream (reserve again
     # if the lane was cut since); "ok"/"slow" -> answer
     events: list[tuple[float, int, str]] = [(0.0, i, "ready") for i in range(concurrency)]
     order = concurrency
-    accepted: deque[float] = deque()
+    tokens, filled_s = float(limit_per_s), 0.0
     sent = throttled = 0
     while events:
         now_s, _, what = heapq.heappop(events)
@@ -246,20 +267,21 @@ def _simulate_lane(limit_per_s: int, duration_s: float, concurrency: int) -> tup
             # Reserve; a request timed before a cut reserves again (as the flusher does).
             at_s, what = now_s + lane.reserve(1, 0, now_s), f"send{lane.cuts}"
         elif what.startswith("send"):
-            sent += 1
-            while accepted and accepted[0] <= now_s - 1.0:
-                accepted.popleft()
-            if len(accepted) < limit_per_s:
-                accepted.append(now_s)
-                at_s, what = now_s + latency_s, "ok"
+            lane.on_send(now_s)
+            sent += now_s >= 5.0
+            tokens = min(limit_per_s, tokens + (now_s - filled_s) * limit_per_s)
+            filled_s = now_s
+            if tokens >= 1:
+                tokens -= 1
+                at_s, what = now_s + latency_s, f"ok{now_s!r}"
             else:
-                throttled += 1
-                at_s, what = now_s + latency_s, "slow"
+                throttled += now_s >= 5.0
+                at_s, what = now_s + latency_s, f"slow{now_s!r}"
         else:
-            if what == "ok":
-                lane.on_success(now_s)
+            if what.startswith("ok"):
+                lane.on_success(now_s, float(what[2:]))
             else:
-                lane.on_throttle(now_s, None)
+                lane.on_throttle(now_s, None, float(what[4:]))
             at_s, what = now_s, "ready"
         heapq.heappush(events, (at_s, order, what))
         order += 1
@@ -269,7 +291,7 @@ def _simulate_lane(limit_per_s: int, duration_s: float, concurrency: int) -> tup
 def test_lane_converges_under_an_upstream_limit() -> None:
     sent, throttled = _simulate_lane(100, 120.0, concurrency=8)
     assert throttled / sent < 0.02
-    assert 0.5 * 100 <= (sent - throttled) / 120.0 <= 100
+    assert 0.85 * 100 <= (sent - throttled) / 115.0 <= 101
 
 
 # -- the set of lanes -----------------------------------------------------------------------
@@ -307,7 +329,7 @@ def test_lanes_keep_their_state_between_uses() -> None:
     again = lanes.lane_for("b", "hot/2", 110.0)
     assert again is lane
     assert not again.has_room(110.0, 0)
-    assert again.rate.rate_per_s == pytest.approx(2.0)
+    assert (again.rate.phase, again.rate.rate_per_s) == ("measuring", pytest.approx(6.0))
 
 
 def test_lanes_forget_idle_lanes_beyond_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
