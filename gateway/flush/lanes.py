@@ -71,6 +71,7 @@ class Lane:
         self.cuts = 0  # rate cuts so far: a request timed before a cut is re-timed
         self.paused_until_s = 0.0
         self.last_used_s = now_s
+        self._last_sent_s: float | None = None
 
     def has_room(self, now_s: float, claimed_now: int) -> bool:
         """Whether one more upload may start: a free slot and no Retry-After pause."""
@@ -97,6 +98,7 @@ class Lane:
     def on_send(self, sent_s: float) -> None:
         """A request of this lane left at ``sent_s`` (its outcome will say the same)."""
         self.rate.on_send(sent_s)
+        self._last_sent_s = max(self._last_sent_s or sent_s, sent_s)
 
     def on_success(self, now_s: float, sent_s: float | None = None) -> None:
         """A request sent at ``sent_s`` (default: now) was accepted."""
@@ -119,10 +121,14 @@ class Lane:
         # Every request waiting for this lane's tokens reserves again at the new rate (the
         # flusher checks ``cuts``), so the debt they ran up is dropped, not paid twice:
         # kept, it idled a lane of one request per second for 15 s after a cut.
+        # The prefix's bucket is empty since the latest request that may have taken its
+        # token (a measurement knows which; otherwise the latest sent): what it earned
+        # since is not waited for again.
         self.cuts += 1
-        self.requests.restart(now_s)
+        self._apply_rate(now_s)  # first: the restart counts tokens at the new rate
+        since_s = self.rate.pop_empty_since_s()
+        self.requests.restart(now_s, self._last_sent_s if since_s is None else since_s)
         self.bandwidth.forgive(now_s)
-        self._apply_rate(now_s)
 
     def status(self, now_s: float) -> LaneStatus:
         return LaneStatus(

@@ -53,11 +53,14 @@ class TokenBucket:
         self._refill(now_s)
         self._tokens = max(self._tokens, 0.0)
 
-    def restart(self, now_s: float) -> None:
+    def restart(self, now_s: float, empty_since_s: float | None = None) -> None:
         """``forgive``, and empty the bucket: the next reservation waits one interval at
-        the (new) rate, as the upstream's own bucket is empty when it throttles."""
+        the (new) rate, as the upstream's own bucket is empty when it throttles. With
+        ``empty_since_s`` (the upstream's bucket known empty then, and refilling since),
+        the bucket holds what the (new) rate earned from then until now."""
         self.forgive(now_s)
-        self._tokens = 0.0
+        since_s = now_s if empty_since_s is None else min(empty_since_s, now_s)
+        self._tokens = min(self.burst, (now_s - since_s) * max(self.rate_per_s, 0.0))
 
     def reserve(self, n: float, now_s: float) -> float:
         """Take ``n`` tokens; seconds to wait before they are really there (0 if now)."""
@@ -208,6 +211,8 @@ class AimdRate:
         marginal_decrease: float = 0.9,
         growth: float = 0.02,
         growth_per_request: float = 0.002,
+        cautious: tuple[float, float] = (0.93, 0.97),
+        cautious_slowdown: float = 16.0,
         window_s: float = 1.0,
         pool: RatePool | None = None,
     ) -> None:
@@ -227,6 +232,9 @@ class AimdRate:
         self._marginal_decrease = marginal_decrease
         self._growth = growth
         self._growth_per_request = growth_per_request
+        self._cautious = cautious
+        self._cautious_slowdown = cautious_slowdown
+        self.limit_per_s: float | None = None  # the rate last known to be refused
         self._window_s = window_s
         self._accepted = 0  # successes while open (the probe's starting point)
         self._first_accepted_s: float | None = None
@@ -243,6 +251,7 @@ class AimdRate:
         self._pool_seen = -1
         self._bounds = (0.0, math.inf)  # of the last measurement
         self._throttled_since_settling = False
+        self._empty_since_s: float | None = None  # set by a settling measurement
 
     def on_send(self, sent_s: float) -> None:
         """A request left at ``sent_s``; its outcome will come with the same ``sent_s``."""
@@ -280,6 +289,9 @@ class AimdRate:
         if fell is not None:
             return fell
         step = min(self._growth_per_request * self.rate_per_s, self._growth)
+        limit = self.limit_per_s
+        if limit is not None and self._cautious[0] <= self.rate_per_s / limit < self._cautious[1]:
+            step /= self._cautious_slowdown
         self.rate_per_s = min(self.ceiling_per_s, self.rate_per_s + step)
         return False
 
@@ -318,8 +330,16 @@ class AimdRate:
         if now_s - self._last_cut_s < max(self._window_s, 1.0 / self.rate_per_s):
             return False
         self._last_cut_s = now_s
+        self.limit_per_s = self.rate_per_s
         self.rate_per_s = max(self.floor_per_s, self.rate_per_s * self._marginal_decrease)
         return True
+
+    def pop_empty_since_s(self) -> float | None:
+        """When the prefix's bucket was last known empty, once, after a measurement settled
+        (None otherwise: after a throttle it is empty now). The pacing bucket may start
+        with what the new rate earned since, instead of idling one more interval."""
+        since_s, self._empty_since_s = self._empty_since_s, None
+        return since_s
 
     def poll(self, now_s: float) -> bool:
         """Re-check a measurement with no new answer (unanswered requests age into
@@ -394,7 +414,12 @@ class AimdRate:
                 own = min(max(pooled, self._bounds[0]), self._bounds[1])
                 settle = self._settle_pooled
         self.estimate_per_s = own
+        self.limit_per_s = None  # a measurement can be low: growth past it stays quick
         self.phase = "steady"
+        # The prefix's bucket was last emptied by the latest request that may have
+        # taken a token: an accepted or unanswered one (a refused one took none).
+        takers = [s for s, accepted in outcomes if accepted] + self._in_flight
+        self._empty_since_s = max(takers, default=now_s)
         self._in_flight.clear()
         self._last_cut_s = now_s
         level = settle * self.estimate_per_s

@@ -140,10 +140,10 @@ def test_lane_first_throttle_starts_measuring_and_re_times_queued_requests() -> 
     assert lane.rate.phase == "measuring"
     assert lane.rate.rate_per_s == pytest.approx(6.0)  # the probe
     assert lane.requests.rate_per_s == pytest.approx(6.0)
-    # They reserve again one probe interval apart, from an empty bucket: the prefix has
-    # no token either.
+    # They reserve again one probe interval apart, from a bucket empty since the refused
+    # request was sent: the prefix had no token then either.
     again = [lane.reserve(1, 0, 100.14) for _ in range(3)]
-    assert again == pytest.approx([1 / 6, 2 / 6, 3 / 6])
+    assert again == pytest.approx([100.1 + k / 6 - 100.14 for k in (1, 2, 3)])
     status = lane.status(100.14)
     assert (status.bucket, status.prefix, status.rate_limit_per_s) == ("bkt", "p/", 6.0)
     assert status.throttles == 1
@@ -184,6 +184,17 @@ def test_lane_settles_just_under_the_prefix_limit() -> None:
     assert lane.rate.estimate_per_s is not None
     assert lane.rate.rate_per_s == pytest.approx(0.95 * lane.rate.estimate_per_s)
     assert lane.requests.rate_per_s == lane.rate.rate_per_s
+
+
+def test_lane_settling_keeps_what_the_prefix_earned_since_its_last_token() -> None:
+    """After settling, the first request waits for the prefix's next token, counted from
+    the last acceptance, not a whole interval from the moment of settling."""
+    lane = _measured_lane(1.0)
+    last_accepted_s = max(s for s, ok in lane.rate._outcomes if ok)
+    settled_s = lane.requests._at_s
+    wait_s = lane.reserve(1, 0, settled_s)
+    assert settled_s + wait_s == pytest.approx(last_accepted_s + 1 / lane.rate.rate_per_s)
+    assert wait_s < 1 / lane.rate.rate_per_s
 
 
 def test_lane_steady_throttle_never_goes_below_the_minimum() -> None:

@@ -125,6 +125,17 @@ def test_bucket_restart_empties_it_and_drops_debt() -> None:
     assert bucket.reserve(1, 0.1) == pytest.approx(0.5)  # one interval, not 1.5 s of debt
 
 
+def test_bucket_restart_from_an_earlier_empty_moment_keeps_what_it_earned_since() -> None:
+    bucket = TokenBucket(2.0, 2.0, 0.0)
+    bucket.reserve(5, 0.0)
+    bucket.restart(1.0, empty_since_s=0.8)  # 0.2 s at 2/s: 0.4 of a token
+    assert bucket.reserve(1, 1.0) == pytest.approx(0.3)
+    bucket.restart(10.0, empty_since_s=0.0)  # never more than the burst
+    assert [bucket.reserve(1, 10.0) for _ in range(3)] == pytest.approx([0.0, 0.0, 0.5])
+    bucket.restart(20.0, empty_since_s=25.0)  # a moment still to come: empty now
+    assert bucket.reserve(1, 20.0) == pytest.approx(0.5)
+
+
 # -- what a token bucket's answers say about its rate ---------------------------------------
 
 
@@ -249,6 +260,51 @@ def test_aimd_steady_grows_per_request_and_cuts_gently_once_per_window() -> None
     assert rate.rate_per_s == pytest.approx(level * 1.002 * 0.9)
     assert not rate.on_throttle(101.1, 101.0)  # the same overload, answered twice
     assert rate.on_throttle(103.0, 102.9)
+
+
+def test_aimd_steady_grows_slowly_just_under_a_refused_rate() -> None:
+    """After a throttle at rate r, growth through [0.93 r, 0.97 r) is 1/16 of the usual
+    (r overstates the limit: a prefix's burst takes a while to run out); elsewhere, and
+    after a measurement (which may be low), it is the usual."""
+    rate = _settled(limit_per_s=1.0)
+    assert rate.limit_per_s is None
+    assert rate.on_throttle(100.0, 99.9)
+    refused = rate.limit_per_s
+    assert refused is not None and rate.rate_per_s == pytest.approx(0.9 * refused)
+    sent_s = 101.0
+
+    def success() -> float:
+        nonlocal sent_s
+        before = rate.rate_per_s
+        rate.on_success(sent_s + 0.5, sent_s)
+        sent_s += 1.0
+        return rate.rate_per_s / before - 1
+
+    assert success() == pytest.approx(0.002)  # below the zone
+    while rate.rate_per_s < 0.93 * refused:
+        success()
+    assert success() == pytest.approx(0.002 / 16)  # in it
+    rate.rate_per_s = 0.97 * refused
+    assert success() == pytest.approx(0.002)  # past it: the limit may have risen
+
+
+def test_aimd_settling_says_once_since_when_the_prefix_is_empty() -> None:
+    """The latest request that may have taken the prefix's token: accepted, or still
+    unanswered (refusals take none)."""
+    rate = AimdRate(3500.0, 0.1, 0.0)
+    rate.on_send(0.0)
+    rate.on_throttle(0.04, 0.0)  # measuring
+    for sent_s, ok in ((0.2, True), (0.4, False), (0.6, False)):
+        rate.on_send(sent_s)
+        (rate.on_success if ok else rate.on_throttle)(sent_s + 0.04, sent_s)
+    for sent_s in (0.8, 1.0, 1.1):
+        rate.on_send(sent_s)
+    assert rate.pop_empty_since_s() is None  # not settled yet
+    assert rate.on_success(1.15, 1.0) and rate.phase == "steady"
+    assert rate.pop_empty_since_s() == 1.1
+    assert rate.pop_empty_since_s() is None  # once
+    rate.on_throttle(10.0, 9.9)  # a steady cut: empty now
+    assert rate.pop_empty_since_s() is None
 
 
 def test_aimd_steady_never_below_the_floor() -> None:
