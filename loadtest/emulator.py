@@ -247,6 +247,7 @@ class Ctx:
     query: dict[str, str]
     bytes_in: int = 0
     bytes_out: int = 0
+    limited_s: float | None = None  # when the prefix limiter answered (clock time)
 
 
 _LIST_PARAMS = {
@@ -550,6 +551,8 @@ class Emulator:
             raise S3Error(501, "NotImplemented", f"{ctx.op} is not implemented by the emulator")
         if ctx.bucket and ctx.op not in ("CreateBucket",) and ctx.bucket not in self.buckets:
             raise _no_bucket(ctx.bucket)
+        if ctx.key:
+            ctx.limited_s = self._clock()
         if ctx.key and not self._limiter.allow(ctx.bucket, ctx.key):
             raise S3Error(503, "SlowDown", "Please reduce your request rate.")
         resp: web.StreamResponse = await handler(ctx)
@@ -583,6 +586,8 @@ class Emulator:
         entry = {
             "seq": len(self.log),
             "t": round(started - self._t0, 6),
+            # When the limiter answered (after the latency): the moment a token counts.
+            "t_limit": None if ctx.limited_s is None else round(ctx.limited_s - self._t0, 6),
             "ts": ts,
             "ts_end": ts + (now - started),
             "duration_ms": round((now - started) * 1000, 3),

@@ -8,9 +8,14 @@ A lane throttled hard therefore never slows the others.
 
 from __future__ import annotations
 
+import logging
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.flush.ratelimit import AimdRate, RatePool, TokenBucket
+
+log = logging.getLogger(__name__)
 
 _MAX_IDLE_LANES = 4096  # idle lanes are forgotten beyond this (a new step makes new lanes)
 _THROTTLE_MEMORY_S = 300.0  # a throttled lane's state is kept at least this long
@@ -57,6 +62,7 @@ class Lane:
         config: LaneConfig,
         now_s: float,
         pool: RatePool | None = None,
+        probe_jitter: Callable[[], float] | None = None,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix
@@ -72,6 +78,7 @@ class Lane:
         self.paused_until_s = 0.0
         self.last_used_s = now_s
         self._last_sent_s: float | None = None
+        self._probe_jitter = probe_jitter
 
     def has_room(self, now_s: float, claimed_now: int) -> bool:
         """Whether one more upload may start: a free slot and no Retry-After pause."""
@@ -80,9 +87,15 @@ class Lane:
     def reserve(self, requests: int, size_bytes: int, now_s: float) -> float:
         """Take tokens for an upload; seconds to wait before sending it."""
         self.last_used_s = now_s
-        return max(
+        wait_s = max(
             self.requests.reserve(requests, now_s), self.bandwidth.reserve(size_bytes, now_s)
         )
+        if self._probe_jitter is not None and self.rate.phase == "measuring":
+            # Each probe at a random point of its interval: lanes started together would
+            # otherwise probe in step, and their measurements err alike (the pool's
+            # median of them would be no better than one).
+            wait_s += self._probe_jitter() / self.rate.rate_per_s
+        return wait_s
 
     def _apply_rate(self, now_s: float) -> None:
         # The burst follows the rate (one second's worth): a lane cut to 5/s must not
@@ -127,6 +140,18 @@ class Lane:
         self.cuts += 1
         self._apply_rate(now_s)  # first: the restart counts tokens at the new rate
         since_s = self.rate.pop_empty_since_s()
+        if since_s is not None:
+            low, high = self.rate.bounds_per_s
+            log.info(
+                "lane %s/%s measured the prefix's limit: %.3f/s (bounds %.3f-%.3f/s); "
+                "flushing at %.3f/s",
+                self.bucket,
+                self.prefix,
+                self.rate.estimate_per_s or 0.0,
+                low,
+                high,
+                self.rate.rate_per_s,
+            )
         self.requests.restart(now_s, self._last_sent_s if since_s is None else since_s)
         self.bandwidth.forgive(now_s)
 
@@ -148,6 +173,7 @@ class Lanes:
         self.config = config
         self._lanes: dict[tuple[str, str], Lane] = {}
         self._pools: dict[str, RatePool] = {}  # per bucket: its lanes' measured limits
+        self._random = random.Random()
 
     def prefix_of(self, key: str) -> str:
         return lane_prefix(key, self.config.depth)
@@ -159,7 +185,9 @@ class Lanes:
             if len(self._lanes) >= _MAX_IDLE_LANES:
                 self._forget_idle(now_s)
             pool = self._pools.setdefault(bucket, RatePool())
-            lane = self._lanes[ident] = Lane(bucket, ident[1], self.config, now_s, pool)
+            lane = self._lanes[ident] = Lane(
+                bucket, ident[1], self.config, now_s, pool, self._random.random
+            )
         return lane
 
     def peek(self, bucket: str, key: str) -> Lane | None:

@@ -334,6 +334,11 @@ class AimdRate:
         self.rate_per_s = max(self.floor_per_s, self.rate_per_s * self._marginal_decrease)
         return True
 
+    @property
+    def bounds_per_s(self) -> tuple[float, float]:
+        """The last measurement's hard bounds on the prefix's rate ((0, inf) before one)."""
+        return self._bounds
+
     def pop_empty_since_s(self) -> float | None:
         """When the prefix's bucket was last known empty, once, after a measurement settled
         (None otherwise: after a throttle it is empty now). The pacing bucket may start

@@ -283,6 +283,9 @@ def test_slowdown_when_prefix_rate_exceeded_other_prefix_unaffected(tmp_path: Pa
     ]
     assert stats["slowdown"] == 2 and stats["by_status"]["503"] == 2
     assert [json.loads(line) for line in log_file.read_text().splitlines()] == log
+    # Each limited request says when the limiter answered: after it arrived (``t``).
+    assert all(e["t_limit"] >= e["t"] for e in log if e["key"])
+    assert all(e["t_limit"] is None for e in log if not e["key"])
 
 
 def test_latency_bandwidth_and_discarded_bodies_are_applied() -> None:

@@ -149,6 +149,24 @@ def test_lane_first_throttle_starts_measuring_and_re_times_queued_requests() -> 
     assert status.throttles == 1
 
 
+def test_lane_probes_at_a_random_point_of_each_interval_only_while_measuring() -> None:
+    draws = iter([0.5, 0.25])
+    lane = Lane("bkt", "p/", LaneConfig(rate_per_s=10.0), 100.0, probe_jitter=lambda: next(draws))
+    assert lane.reserve(1, 0, 100.0) == 0.0  # open: no jitter
+    lane.on_send(100.0)
+    lane.on_throttle(100.04, None, 100.0)  # measuring at the probe rate, 6/s
+    assert lane.reserve(1, 0, 100.04) == pytest.approx(100.0 + 1 / 6 - 100.04 + 0.5 / 6)
+    assert lane.reserve(1, 0, 100.04) == pytest.approx(100.0 + 2 / 6 - 100.04 + 0.25 / 6)
+
+
+def test_lanes_give_their_lanes_probe_jitter() -> None:
+    lane = Lanes(LaneConfig()).lane_for("b", "r0/x", 100.0)
+    lane.on_send(100.0)
+    lane.on_throttle(100.04, None, 100.0)
+    waits = {round(lane.reserve(1, 0, 100.04) - k / 6, 9) for k in range(1, 9)}
+    assert len(waits) > 1  # not on a fixed grid
+
+
 def test_lane_throttles_while_measuring_count_but_cut_nothing() -> None:
     lane = _lane()
     lane.on_throttle(100.0, None, 100.0)
