@@ -92,8 +92,8 @@ class Lane:
         )
         if self._probe_jitter is not None and self.rate.phase == "measuring":
             # Each probe at a random point of its interval: lanes started together would
-            # otherwise probe in step, and their measurements err alike (the pool's
-            # median of them would be no better than one).
+            # otherwise probe in step, and their measurements err alike (pooled, they
+            # would be worth no more than one).
             wait_s += self._probe_jitter() / self.rate.rate_per_s
         return wait_s
 

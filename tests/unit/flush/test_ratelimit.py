@@ -405,19 +405,48 @@ def test_aimd_pool_median_is_used_within_the_lanes_own_bounds() -> None:
     pool = RatePool()
     for estimate in (1.0, 1.02, 0.98, 5.0):
         pool.add(estimate)
-    assert pool.median() == pytest.approx(1.01)
+    assert pool.pooled_per_s() == pytest.approx(1.01)
     run = _run(1.0, 20.0, pool=pool)
-    assert run.rate.estimate_per_s == pytest.approx(pool.median(), rel=0.01)
+    assert run.rate.estimate_per_s == pytest.approx(pool.pooled_per_s(), rel=0.01)
     # A prefix whose limit really is different keeps to its own bounds.
     other = _run(2.0, 20.0, pool=pool)
     assert other.rate.estimate_per_s is not None and other.rate.estimate_per_s > 1.6
+
+
+def test_pool_is_the_middle_of_the_lanes_common_bounds() -> None:
+    pool = RatePool()
+    for estimate, bounds in ((1.2, (0.9, 1.12)), (1.25, (1.0, 1.3)), (1.22, (0.95, 1.25))):
+        pool.add(estimate, bounds)
+    assert pool.pooled_per_s() == pytest.approx((1.0 + 1.12) / 2)  # not the estimates' 1.22
+    pool.add(1.3, None)  # crossed bounds add an estimate, no bound
+    pool.add(1.3, (2.0, 1.0))
+    assert pool.pooled_per_s() == pytest.approx(1.06)
+
+
+def test_pool_trims_an_eighth_of_the_bounds_on_each_side() -> None:
+    pool = RatePool()
+    for i in range(8):
+        pool.add(1.0, (0.9 + 0.01 * i, 1.2 - 0.01 * i))  # intersection 0.97-1.13
+    pool.add(1.0, (0.5, 0.98))  # one lane's timing went wrong: trimmed
+    assert pool.pooled_per_s() == pytest.approx((0.96 + 1.13) / 2)
+
+
+def test_pool_falls_back_to_the_median_estimate_when_bounds_do_not_meet() -> None:
+    pool = RatePool()
+    for estimate, bounds in ((1.0, (1.05, 1.1)), (1.1, (1.05, 1.1)), (0.9, (1.2, 1.3))):
+        pool.add(estimate, bounds)
+    assert pool.pooled_per_s() == pytest.approx(1.0)
+    few = RatePool()
+    for estimate in (1.0, 1.1, 0.9):
+        few.add(estimate)  # no bounds at all
+    assert few.pooled_per_s() == pytest.approx(1.0)
 
 
 def test_aimd_pool_needs_three_lanes() -> None:
     pool = RatePool()
     pool.add(1.0)
     pool.add(2.0)
-    assert pool.median() is None
+    assert pool.pooled_per_s() is None
 
 
 def _settled(limit_per_s: float, floor_per_s: float = 0.1) -> AimdRate:
