@@ -219,6 +219,38 @@ def test_503_storm_every_ack_lands_once(rig_factory: Callable[..., Rig]) -> None
     )
 
 
+def test_lanes_settle_near_the_prefix_limit(rig_factory: Callable[..., Rig]) -> None:
+    """Three prefixes allowed 4 requests/s each (a bucket of 4, about a second's worth as
+    in S3) get 40 objects each at once. Each lane measures the limit in its first
+    seconds, then runs near it: few 503s after its first 3 s, a rate near 4/s. Counts and
+    rates from the status and the upstream's log, with margins for a busy machine: the
+    bench (loadtest/bench.py) is where the figures are measured."""
+    rig = rig_factory(["--lane-depth", "3"], prefix_rate=4, prefix_burst=4, prefix_depth=3)
+    s3 = rig.s3
+    bodies = {
+        f"settle/step_1/rank_{r}/shard_{i:02d}": payload(2048, seed=f"settle{r}-{i}")
+        for r in range(3)
+        for i in range(40)
+    }
+    with rig.gw.flush_paused():
+        for key, body in bodies.items():
+            s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+    rig.gw.drained(bucket=BUCKET, timeout=120)
+    rig.assert_stored(bodies)
+
+    puts = [e for e in rig.log() if e["op"] == "PutObject"]
+    lanes = rig.lanes()
+    for r in range(3):
+        prefix = f"settle/step_1/rank_{r}/"
+        mine = [e for e in puts if e["prefix"] == prefix]
+        first_s = min(e["t"] for e in mine)
+        later = [e for e in mine if e["t"] >= first_s + 3.0]
+        refused = sum(1 for e in later if e["status"] == 503)
+        assert sum(1 for e in mine if e["status"] == 503) > 0, "no 503: nothing to measure"
+        assert refused <= max(2, len(later) // 10), (prefix, refused, len(later))
+        assert 0.6 * 4 <= lanes[prefix]["rate_limit_per_s"] <= 1.25 * 4, lanes[prefix]
+
+
 # -- 2. lane isolation -------------------------------------------------------------------------
 
 
