@@ -140,8 +140,13 @@ class RatePool:
     lane's hard bounds hold the same rate, so the pooled figure is the middle of their
     intersection, less the ``1/8`` most extreme bounds on each side (a busy machine's
     timing can make one lane's bounds wrong); the median of the lanes' estimates when
-    the bounds do not meet. A lane uses the pooled figure only within its own bounds, so
-    a prefix whose limit really differs (another writer shares it) keeps its own.
+    the bounds do not meet.
+
+    A lane takes the pooled figure within its own bounds (``for_lane``), so a prefix
+    whose limit really differs keeps what it measured, unless its bounds miss the others'
+    common bounds altogether: then its measurement is the odd one out, more likely wrong
+    timing than a different prefix (a lane stuck at 0.78x the limit for a whole burst
+    was seen), and a throttle stops a lane following the pool anyway.
     """
 
     _KEPT = 64
@@ -158,17 +163,34 @@ class RatePool:
             self._bounds.append(bounds)
         self.version += 1
 
+    def _common_bounds(self) -> tuple[float, float] | None:
+        """The lanes' trimmed common bounds, if three lanes have bounds and they meet."""
+        if len(self._bounds) < 3:
+            return None
+        trim = len(self._bounds) // 8
+        low = sorted(b[0] for b in self._bounds)[-1 - trim]
+        high = sorted(b[1] for b in self._bounds)[trim]
+        return (low, high) if low <= high else None
+
     def pooled_per_s(self) -> float | None:
         """The pooled figure, once three lanes have one (None before)."""
         if len(self._estimates) < 3:
             return None
-        if len(self._bounds) >= 3:
-            trim = len(self._bounds) // 8
-            low = sorted(b[0] for b in self._bounds)[-1 - trim]
-            high = sorted(b[1] for b in self._bounds)[trim]
-            if low <= high:
-                return (low + high) / 2
+        common = self._common_bounds()
+        if common is not None:
+            return (common[0] + common[1]) / 2
         return statistics.median(self._estimates)
+
+    def for_lane(self, bounds: tuple[float, float]) -> float | None:
+        """The pooled figure for a lane whose own hard bounds are ``bounds`` (see the
+        class docstring), or None if there is none yet."""
+        pooled = self.pooled_per_s()
+        if pooled is None:
+            return None
+        common = self._common_bounds()
+        if common is not None and (bounds[1] < common[0] or bounds[0] > common[1]):
+            return pooled
+        return min(max(pooled, bounds[0]), bounds[1])
 
 
 class AimdRate:
@@ -315,17 +337,15 @@ class AimdRate:
         return False
 
     def _adopt_pooled(self) -> bool | None:
-        """Follow the bucket's pooled measurement while it is within this lane's bounds
-        and the lane has not been throttled since it settled. None if the rate was not
-        set from it, else whether it fell."""
+        """Follow the bucket's pooled measurement (``RatePool.for_lane``) while the lane
+        has not been throttled since it settled. None if the rate was not set from it,
+        else whether it fell."""
         if self._pool is None or self._pool.version == self._pool_seen:
             return None
         self._pool_seen = self._pool.version
-        pooled = self._pool.pooled_per_s()
-        if pooled is None or self._throttled_since_settling:
+        estimate = self._pool.for_lane(self._bounds)
+        if estimate is None or self._throttled_since_settling:
             return None
-        low, high = self._bounds
-        estimate = min(max(pooled, low), high)
         if self.estimate_per_s is not None and abs(estimate / self.estimate_per_s - 1) < 0.01:
             return None
         before = self.rate_per_s
@@ -433,10 +453,9 @@ class AimdRate:
         if self._pool is not None:
             self._pool.add(own, (low, high) if low <= high else None)
             self._pool_seen = self._pool.version
-            pooled = self._pool.pooled_per_s()
+            pooled = self._pool.for_lane(self._bounds)
             if pooled is not None:
-                own = min(max(pooled, self._bounds[0]), self._bounds[1])
-                settle = self._settle_pooled
+                own, settle = pooled, self._settle_pooled
         self.estimate_per_s = own
         self.limit_per_s = None  # a measurement can be low: growth past it stays quick
         self.phase = "steady"

@@ -442,6 +442,17 @@ def test_pool_falls_back_to_the_median_estimate_when_bounds_do_not_meet() -> Non
     assert few.pooled_per_s() == pytest.approx(1.0)
 
 
+def test_pool_for_a_lane_within_its_bounds_unless_they_miss_the_common_ones() -> None:
+    pool = RatePool()
+    for bounds in ((1.0, 1.3), (1.05, 1.25), (0.95, 1.2)):
+        pool.add(1.1, bounds)  # common bounds 1.05-1.2: pooled 1.125
+    assert pool.for_lane((1.1, 1.4)) == pytest.approx(1.125)
+    assert pool.for_lane((0.9, 1.1)) == pytest.approx(1.1)  # held within its own bounds
+    assert pool.for_lane((0.7, 1.0)) == pytest.approx(1.125)  # the odd one out: pooled
+    assert pool.for_lane((1.3, 1.5)) == pytest.approx(1.125)
+    assert RatePool().for_lane((1.0, 1.1)) is None
+
+
 def test_aimd_pool_needs_three_lanes() -> None:
     pool = RatePool()
     pool.add(1.0)
