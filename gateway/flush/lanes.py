@@ -111,7 +111,8 @@ class Lane:
     def on_send(self, sent_s: float) -> None:
         """A request of this lane left at ``sent_s`` (its outcome will say the same)."""
         self.rate.on_send(sent_s)
-        self._last_sent_s = max(self._last_sent_s or sent_s, sent_s)
+        if self._last_sent_s is None or sent_s > self._last_sent_s:
+            self._last_sent_s = sent_s
 
     def on_success(self, now_s: float, sent_s: float | None = None) -> None:
         """A request sent at ``sent_s`` (default: now) was accepted."""

@@ -174,9 +174,11 @@ class RatePool:
 
     def pooled_per_s(self) -> float | None:
         """The pooled figure, once three lanes have one (None before)."""
+        return self._pooled(self._common_bounds())
+
+    def _pooled(self, common: tuple[float, float] | None) -> float | None:
         if len(self._estimates) < 3:
             return None
-        common = self._common_bounds()
         if common is not None:
             return (common[0] + common[1]) / 2
         return statistics.median(self._estimates)
@@ -184,10 +186,10 @@ class RatePool:
     def for_lane(self, bounds: tuple[float, float]) -> float | None:
         """The pooled figure for a lane whose own hard bounds are ``bounds`` (see the
         class docstring), or None if there is none yet."""
-        pooled = self.pooled_per_s()
+        common = self._common_bounds()
+        pooled = self._pooled(common)
         if pooled is None:
             return None
-        common = self._common_bounds()
         if common is not None and (bounds[1] < common[0] or bounds[0] > common[1]):
             return pooled
         return min(max(pooled, bounds[0]), bounds[1])
