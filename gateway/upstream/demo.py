@@ -5,8 +5,11 @@ For ``make run`` and first steps only: everything in it is lost when the gateway
 
 from __future__ import annotations
 
+import hashlib
 import socket
+from typing import Any
 
+from moto.s3.models import FakeKey
 from moto.server import ThreadedMotoServer
 
 # Fixed credentials for the embedded server (moto accepts any); never the clients' keys.
@@ -20,6 +23,7 @@ class DemoUpstream:
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._host = host
         self._port = port or _free_port(host)
+        guard_moto_etag()
         self._server = ThreadedMotoServer(ip_address=host, port=self._port, verbose=False)
 
     @property
@@ -39,3 +43,28 @@ def _free_port(host: str) -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def guard_moto_etag() -> None:
+    """Make moto's lazily computed object ETag thread-safe (idempotent).
+
+    moto computes a key's ETag on first use by reading its shared body buffer without the
+    key's lock. Its threaded server answers a PUT and a concurrent LIST in two threads, so
+    both can read the buffer at once and cache the MD5 of interleaved reads: the flusher
+    then sees an ETag that is not its body's (seen for bodies over moto's 16 MiB block).
+    """
+    if getattr(FakeKey, "_gateway_guarded", False):
+        return
+
+    def etag(self: Any) -> str:
+        with self.lock:
+            if self._etag is None:
+                md5 = hashlib.md5()
+                self._value_buffer.seek(0)
+                while block := self._value_buffer.read(16 << 20):
+                    md5.update(block)
+                self._etag = md5.hexdigest()
+        return f'"{self._etag}"'
+
+    FakeKey.etag = property(etag)  # type: ignore[method-assign,assignment]
+    FakeKey._gateway_guarded = True  # type: ignore[attr-defined]
