@@ -14,6 +14,7 @@ import email.utils
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -45,6 +46,11 @@ _CONDITION_PARAMS = {
     "If-Unmodified-Since": "IfUnmodifiedSince",
 }
 _TOTAL_SIZE = re.compile(r"bytes \d+-\d+/(\d+)")
+# Stored headers sent as they are, not through a botocore parameter: S3 stores any Expires
+# string (an unparseable one too, which it returns verbatim), while botocore's Expires
+# parameter is a timestamp that refuses such a value and reformats a valid one.
+_RAW_HEADERS: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("upstream_raw", default=())
+_RAW_HEADER_NAMES = {"expires": "Expires"}
 
 
 @dataclass(slots=True)
@@ -223,6 +229,8 @@ class AiobotocoreUpstream:
             )
         )
         self._client.meta.events.register("response-received.s3", count_upstream_request)
+        for operation in ("PutObject", "CreateMultipartUpload"):
+            self._client.meta.events.register(f"before-call.s3.{operation}", _add_raw_headers)
 
     async def close(self) -> None:
         await self._stack.aclose()
@@ -230,6 +238,7 @@ class AiobotocoreUpstream:
     # -- writes (flush) --------------------------------------------------------------------
 
     async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str:
+        raw = _RAW_HEADERS.set(_raw_headers(meta))
         try:
             resp = await self._client.put_object(
                 Body=body,
@@ -240,6 +249,8 @@ class AiobotocoreUpstream:
             )
         except Exception as exc:  # classified: the flusher decides what it means
             raise for_flush(exc) from exc
+        finally:
+            _RAW_HEADERS.reset(raw)
         return str(resp.get("ETag", "")).strip('"')
 
     async def put_multipart(
@@ -255,10 +266,13 @@ class AiobotocoreUpstream:
         while it is open, so a crash cannot abandon it."""
         bucket, key = meta.bucket, meta.key
         runner: RequestRunner = run or _send_once
+        raw = _RAW_HEADERS.set(_raw_headers(meta))
         try:
             created = await self._client.create_multipart_upload(**_object_params(meta))
         except Exception as exc:
             raise for_flush(exc) from exc
+        finally:
+            _RAW_HEADERS.reset(raw)
         upload_id = created["UploadId"]
         try:
             if track is not None:
@@ -446,9 +460,19 @@ def _object_params(meta: ObjectMeta) -> dict[str, Any]:
         "Metadata": dict(meta.user_metadata),
     }
     for name, param in _HEADER_PARAMS.items():
-        if name in meta.headers:
+        if name in meta.headers and name not in _RAW_HEADER_NAMES:
             params[param] = meta.headers[name]
     return params
+
+
+def _raw_headers(meta: ObjectMeta) -> tuple[tuple[str, str], ...]:
+    return tuple((h, meta.headers[n]) for n, h in _RAW_HEADER_NAMES.items() if n in meta.headers)
+
+
+def _add_raw_headers(params: dict[str, Any], **kwargs: Any) -> None:
+    """botocore ``before-call`` hook (PutObject, CreateMultipartUpload): adds the stored
+    headers the current task set in ``_RAW_HEADERS``, before the request is signed."""
+    params["headers"].update(_RAW_HEADERS.get())
 
 
 _CHECKSUM_PARAMS = {

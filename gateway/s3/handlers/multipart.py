@@ -15,13 +15,8 @@ from gateway.s3 import xml
 from gateway.s3.auth import AuthContext
 from gateway.s3.body import read_document, request_body
 from gateway.s3.dispatch import S3Services, handles
-from gateway.s3.handlers.objects import (
-    checksum_headers,
-    put_request,
-    stored_headers,
-    user_metadata,
-    write_preconditions,
-)
+from gateway.s3.handlers.objects import checksum_headers, put_request, write_preconditions
+from gateway.s3.metadata import content_type, stored_headers, user_metadata
 from gateway.s3.metrics import note_ingested
 from gateway.s3.xml import iso8601
 
@@ -53,7 +48,7 @@ async def create_multipart_upload(
     upload_id = await svc.multipart.create(
         op.bucket,
         op.key,
-        headers.get("Content-Type", "binary/octet-stream"),
+        content_type(headers),
         user_metadata(headers),
         stored_headers(headers),
         algorithm,
