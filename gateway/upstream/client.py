@@ -51,6 +51,8 @@ _TOTAL_SIZE = re.compile(r"bytes \d+-\d+/(\d+)")
 # parameter is a timestamp that refuses such a value and reformats a valid one.
 _RAW_HEADERS: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("upstream_raw", default=())
 _RAW_HEADER_NAMES = {"expires": "Expires"}
+# Characters XML 1.0 cannot carry, even as references.
+_XML_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 @dataclass(slots=True)
@@ -399,26 +401,28 @@ class AiobotocoreUpstream:
     async def list_page(
         self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
     ) -> tuple[list[ListEntry], bool]:
+        """One upstream page of entries after ``start_after``.
+
+        A StartAfter holding characters XML cannot carry (control characters, legal in S3
+        keys) is not sent as is: some S3 servers cannot echo it in their answer. The listing
+        starts at its longest clean prefix instead (which sorts before it), follows the
+        upstream's continuation tokens, and drops what sorts at or before ``start_after``."""
         params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": max_keys}
         if delimiter:
             params["Delimiter"] = delimiter
-        if start_after:
-            params["StartAfter"] = start_after
-        resp = await self._call(lambda: self._client.list_objects_v2(**params))
-        entries = [
-            ListEntry(
-                name=o["Key"],
-                size_bytes=int(o.get("Size", 0)),
-                etag=str(o.get("ETag", "")).strip('"'),
-                last_modified_s=o["LastModified"].timestamp(),
-            )
-            for o in resp.get("Contents", [])
-        ]
-        entries += [
-            ListEntry(name=p["Prefix"], is_prefix=True) for p in resp.get("CommonPrefixes", [])
-        ]
-        entries.sort(key=lambda e: e.name)
-        return entries, bool(resp.get("IsTruncated", False))
+        unsafe = _XML_UNSAFE.search(start_after)
+        clean = start_after[: unsafe.start()] if unsafe else start_after
+        if clean:
+            params["StartAfter"] = clean
+        while True:
+            resp = await self._call(lambda: self._client.list_objects_v2(**params))
+            entries = [e for e in _list_entries(resp) if e.name > start_after]
+            truncated = bool(resp.get("IsTruncated", False))
+            token = resp.get("NextContinuationToken")
+            if entries or not truncated or not unsafe or not token:
+                return entries, truncated
+            params.pop("StartAfter", None)
+            params["ContinuationToken"] = token
 
     # -- buckets (passed through) ----------------------------------------------------------
 
@@ -450,6 +454,22 @@ class AiobotocoreUpstream:
             return await fn()
         except Exception as exc:  # translated for the S3 client in one place
             raise for_client(exc) from exc
+
+
+def _list_entries(resp: Mapping[str, Any]) -> list[ListEntry]:
+    """Keys and common prefixes of a ListObjectsV2 answer, in name order."""
+    entries = [
+        ListEntry(
+            name=o["Key"],
+            size_bytes=int(o.get("Size", 0)),
+            etag=str(o.get("ETag", "")).strip('"'),
+            last_modified_s=o["LastModified"].timestamp(),
+        )
+        for o in resp.get("Contents", [])
+    ]
+    entries += [ListEntry(name=p["Prefix"], is_prefix=True) for p in resp.get("CommonPrefixes", [])]
+    entries.sort(key=lambda e: e.name)
+    return entries
 
 
 def _object_params(meta: ObjectMeta) -> dict[str, Any]:
