@@ -136,6 +136,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         max_part_bytes=settings.max_object_bytes,
         min_part_bytes=settings.min_part_bytes,
         space=space,
+        upstream=upstream,
     )
     object_service = ObjectService(
         journal,

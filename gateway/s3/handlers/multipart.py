@@ -94,15 +94,15 @@ async def complete_multipart_upload(
     svc.check_writable()
     cond = write_preconditions(request.headers)
     raw, _ = await read_document(request, auth, svc.max_xml_body_bytes)
-    check = await svc.objects.write_guard(op.bucket, op.key, cond)
-    meta = await svc.multipart.complete(
-        op.bucket,
-        op.key,
-        op.upload_id,
-        parse_completed_parts(raw),
-        checksum_headers(request.headers),
-        check,
-    )
+    parts = parse_completed_parts(raw)
+    # A repeat of a Complete that succeeded answers as the first did, before preconditions
+    # (If-None-Match: * would now see the object that Complete made).
+    meta = await svc.multipart.completed(op.bucket, op.key, op.upload_id)
+    if meta is None:
+        check = await svc.objects.write_guard(op.bucket, op.key, cond)
+        meta = await svc.multipart.complete(
+            op.bucket, op.key, op.upload_id, parts, checksum_headers(request.headers), check
+        )
     body = {
         "Location": f"{request.scheme}://{request.host}/{op.bucket}/{op.key}",
         "Bucket": op.bucket,
