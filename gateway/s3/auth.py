@@ -122,18 +122,24 @@ def verify_request(
     credentials: Mapping[str, str],
     now_s: float,
     max_skew_s: float = 900.0,
+    *,
+    region: str | None = None,
 ) -> AuthContext:
     """Authenticate one request signed with SigV4, by header or by presigned URL.
 
     ``raw_path`` is the path exactly as sent (percent-encoded, without the query), ``raw_query``
     the query string without ``?``. ``headers`` may be any mapping; names are matched without
     regard to case, and a multidict's repeated headers are all used. ``credentials`` maps access
-    key ids to secret keys. Returns the ``AuthContext`` on success and raises an ``S3Error``
-    otherwise; it never returns for an anonymous request.
+    key ids to secret keys. ``region``, when given, is the only region a credential scope may
+    name (S3 refuses a signature scoped to another region, naming the one it expects).
+    Returns the ``AuthContext`` on success and raises an ``S3Error`` otherwise; it never
+    returns for an anonymous request.
     """
     header_values = _lower_headers(headers)
     params = parse_query(raw_query)
     claim = _claim(header_values, params)
+    if region is not None and claim.region != region:
+        raise _wrong_region(claim, region)
     secret = credentials.get(claim.access_key)
     if secret is None:
         raise InvalidAccessKeyId(AWSAccessKeyId=claim.access_key)
@@ -280,6 +286,19 @@ def _presigned_claim(
     content_sha256 = _content_sha256(header_values, is_required=False)
     signature = values["X-Amz-Signature"]
     return _Claim(*scope, names, signature, amz_date, signed_at_s, content_sha256, expires_s)
+
+
+def _wrong_region(claim: _Claim, region: str) -> S3Error:
+    """S3's answer to a credential scoped to another region (header and streaming signatures
+    share the header's scope; presigned URLs name theirs in X-Amz-Credential)."""
+    wrong = f"the region '{claim.region}' is wrong; expecting '{region}'"
+    if claim.expires_s is None:
+        return AuthorizationHeaderMalformed(
+            f"The authorization header is malformed; {wrong}", Region=region
+        )
+    return AuthorizationQueryParametersError(
+        f"Error parsing the X-Amz-Credential parameter; {wrong}", Region=region
+    )
 
 
 def _presign_values(params: Sequence[QueryParam]) -> dict[str, str]:

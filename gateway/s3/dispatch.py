@@ -72,12 +72,31 @@ def check_header_section(raw_headers: Iterable[tuple[bytes, bytes]], max_bytes: 
         raise RequestHeaderSectionTooLarge()
 
 
+def check_transfer_coding(values: Iterable[str]) -> None:
+    """501 NotImplemented (naming the header, as S3 does) for a transfer coding other than
+    ``chunked``: the body would be stored still coded (aiohttp undoes only ``chunked``).
+    aiohttp's parser already refuses a list that does not end in ``chunked``."""
+    codings = [c.strip().lower() for value in values for c in value.split(",")]
+    if any(c != "chunked" for c in codings):
+        raise S3NotImplemented(
+            "A header you provided implies functionality that is not implemented",
+            Header="Transfer-Encoding",
+        )
+
+
 async def dispatch(request: web.Request) -> web.StreamResponse:
     svc = request.app[SERVICES]
     check_header_section(request.raw_headers, svc.max_header_bytes)
+    check_transfer_coding(request.headers.getall("Transfer-Encoding", ()))
     raw_path, _, raw_query = request.raw_path.partition("?")
     auth = verify_request(
-        request.method, raw_path, raw_query, request.headers, svc.credentials, svc.clock.wall()
+        request.method,
+        raw_path,
+        raw_query,
+        request.headers,
+        svc.credentials,
+        svc.clock.wall(),
+        region=svc.region,
     )
     query = dict(parse_qsl(raw_query, keep_blank_values=True))
     op = parse_operation(

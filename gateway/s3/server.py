@@ -18,7 +18,13 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 import gateway.s3.handlers  # noqa: F401  (registers every handler)
-from gateway.errors import BadRequest, IncompleteBody, RequestHeaderSectionTooLarge, S3Error
+from gateway.errors import (
+    BadRequest,
+    IncompleteBody,
+    RequestHeaderSectionTooLarge,
+    S3Error,
+    S3NotImplemented,
+)
 from gateway.s3.access import access_log
 from gateway.s3.dispatch import SERVICES, S3Services, dispatch
 from gateway.s3.metrics import write_metrics
@@ -81,6 +87,15 @@ def parse_error(exc: BaseException | None) -> S3Error:
         return RequestHeaderSectionTooLarge()
     if isinstance(exc, ContentLengthError):  # the body ended before its Content-Length
         return IncompleteBody()
+    text = str(exc)
+    if "Transfer-Encoding" in text and "Content-Length" not in text:
+        # A coding list not ending in chunked (``gzip``, ``chunked, gzip``): a coding the
+        # gateway does not decode, as S3 answers it. (Content-Length together with
+        # Transfer-Encoding stays a plain 400: that is a smuggling attempt, not a feature.)
+        return S3NotImplemented(
+            "A header you provided implies functionality that is not implemented",
+            Header="Transfer-Encoding",
+        )
     return BadRequest()
 
 
