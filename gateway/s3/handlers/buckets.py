@@ -128,12 +128,14 @@ async def list_objects_v2(
     prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
     max_keys, enc_type = _max_keys(q.get("max-keys")), _encoding_type(q.get("encoding-type"))
     token, start_after = q.get("continuation-token"), q.get("start-after", "")
-    after = resume_after(_token(token), prefix, delimiter) if token is not None else start_after
+    # An empty token is no position (S3 lists from the start and echoes it).
+    after = resume_after(_token(token), prefix, delimiter) if token else start_after
     page = await svc.listing.list_objects(
         op.bucket, prefix=prefix, delimiter=delimiter, after=after, max_keys=max_keys
     )
     enc = xml.encoder(enc_type)
-    keys, prefixes = xml.contents(page.entries, enc)
+    fetch_owner = q.get("fetch-owner", "").lower() == "true"
+    keys, prefixes = xml.contents(page.entries, enc, with_owner=fetch_owner)
     body: dict[str, Any] = {
         "Name": op.bucket,
         "Prefix": enc(prefix),
@@ -174,7 +176,7 @@ async def list_objects(
         op.bucket, prefix=prefix, delimiter=delimiter, after=after, max_keys=max_keys
     )
     enc = xml.encoder(enc_type)
-    keys, prefixes = xml.contents(page.entries, enc)
+    keys, prefixes = xml.contents(page.entries, enc, with_owner=True)
     body: dict[str, Any] = {
         "Name": op.bucket,
         "Prefix": enc(prefix),
