@@ -41,6 +41,7 @@ from gateway.errors import (
     S3Error,
     SignatureDoesNotMatch,
 )
+from gateway.s3.auth_v2 import is_v2, verify_v2
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
@@ -124,6 +125,7 @@ def verify_request(
     max_skew_s: float = 900.0,
     *,
     region: str | None = None,
+    virtual_bucket: str | None = None,
 ) -> AuthContext:
     """Authenticate one request signed with SigV4, by header or by presigned URL.
 
@@ -132,10 +134,20 @@ def verify_request(
     regard to case, and a multidict's repeated headers are all used. ``credentials`` maps access
     key ids to secret keys. ``region``, when given, is the only region a credential scope may
     name (S3 refuses a signature scoped to another region, naming the one it expects).
+    Signature Version 2 (``gateway.s3.auth_v2``) is verified too; it signs the resource with
+    its bucket, so ``virtual_bucket`` names the bucket a virtual-hosted request's Host holds.
     Returns the ``AuthContext`` on success and raises an ``S3Error`` otherwise; it never
     returns for an anonymous request.
     """
     header_values = _lower_headers(headers)
+    if is_v2(_first(header_values, "authorization"), raw_query) and "X-Amz-Algorithm" not in {
+        part.partition("=")[0] for part in raw_query.split("&")
+    }:
+        resource = f"/{virtual_bucket}{raw_path}" if virtual_bucket else raw_path
+        access_key, amz_date = verify_v2(
+            method, resource, raw_query, header_values, credentials, now_s, max_skew_s
+        )
+        return _v2_context(access_key, amz_date, header_values)
     params = parse_query(raw_query)
     claim = _claim(header_values, params)
     if region is not None and claim.region != region:
@@ -161,6 +173,25 @@ def verify_request(
         signing_key=key,
         seed_signature=claim.signature.lower(),
         content_sha256=claim.content_sha256,
+    )
+
+
+def _v2_context(
+    access_key: str, amz_date: str, header_values: Mapping[str, list[str]]
+) -> AuthContext:
+    """A SigV2 request: no signing key (its body is never chunk-signed), the payload hash
+    the client declared (checked on ingest when it is a digest)."""
+    sha = _first(header_values, "x-amz-content-sha256")
+    ok = sha is not None and (sha in _PAYLOAD_TOKENS or _HEX64.fullmatch(sha) is not None)
+    return AuthContext(
+        access_key=access_key,
+        region="",
+        service=_SERVICE,
+        scope="",
+        amz_date=amz_date,
+        signing_key=b"",
+        seed_signature="",
+        content_sha256=sha if ok and sha is not None else UNSIGNED_PAYLOAD,
     )
 
 

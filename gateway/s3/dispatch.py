@@ -19,7 +19,7 @@ from gateway.core.objects import ObjectService
 from gateway.errors import RequestHeaderSectionTooLarge, S3NotImplemented, SlowDown
 from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext, verify_request
-from gateway.s3.routing import parse_operation
+from gateway.s3.routing import parse_operation, split_host
 
 
 @dataclass(slots=True)
@@ -97,6 +97,7 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
         svc.credentials,
         svc.clock.wall(),
         region=svc.region,
+        virtual_bucket=split_host(request.host, svc.domain),
     )
     query = dict(parse_qsl(raw_query, keep_blank_values=True))
     op = parse_operation(
