@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from gateway.clock import Clock
+from gateway.core.attributes import ObjectAttributesService
 from gateway.core.buckets import BucketService
 from gateway.core.copy import CopyService
 from gateway.core.deletes import DeleteService
@@ -32,6 +33,7 @@ class S3Services:
     multipart: MultipartService
     copy: CopyService
     deletes: DeleteService
+    attributes: ObjectAttributesService
     credentials: Mapping[str, str]
     region: str
     domain: str | None

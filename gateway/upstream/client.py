@@ -24,7 +24,13 @@ from botocore.exceptions import ClientError
 
 from gateway.errors import NoSuchBucket, S3Error
 from gateway.metrics import UPSTREAM_REQUESTS
-from gateway.models import BucketInfo, ListEntry, ObjectMeta
+from gateway.models import (
+    BucketInfo,
+    ListEntry,
+    ObjectAttributes,
+    ObjectMeta,
+    PartAttributes,
+)
 from gateway.upstream.classify import FlushError, for_client, for_flush
 
 T = TypeVar("T")
@@ -165,6 +171,12 @@ class Upstream(Protocol):
     async def list_page(
         self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
     ) -> tuple[list[ListEntry], bool]: ...
+
+    async def get_object_attributes(
+        self, bucket: str, key: str, *, max_parts: int, part_number_marker: int
+    ) -> ObjectAttributes:
+        """GetObjectAttributes of an upstream object (every attribute; parts paged)."""
+        ...
 
     async def head_bucket(self, bucket: str) -> None: ...
 
@@ -424,6 +436,20 @@ class AiobotocoreUpstream:
             params.pop("StartAfter", None)
             params["ContinuationToken"] = token
 
+    async def get_object_attributes(
+        self, bucket: str, key: str, *, max_parts: int, part_number_marker: int
+    ) -> ObjectAttributes:
+        resp = await self._call(
+            lambda: self._client.get_object_attributes(
+                Bucket=bucket,
+                Key=key,
+                ObjectAttributes=list(_OBJECT_ATTRIBUTES),
+                MaxParts=max_parts,
+                PartNumberMarker=part_number_marker,
+            )
+        )
+        return _attributes(resp, max_parts, part_number_marker)
+
     # -- buckets (passed through) ----------------------------------------------------------
 
     async def head_bucket(self, bucket: str) -> None:
@@ -454,6 +480,40 @@ class AiobotocoreUpstream:
             return await fn()
         except Exception as exc:  # translated for the S3 client in one place
             raise for_client(exc) from exc
+
+
+_OBJECT_ATTRIBUTES = ("ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize")
+
+
+def _attributes(resp: Mapping[str, Any], max_parts: int, marker: int) -> ObjectAttributes:
+    """An upstream GetObjectAttributes answer as ``ObjectAttributes``."""
+    checksums = {
+        name.removeprefix("Checksum").lower(): str(value)
+        for name, value in resp.get("Checksum", {}).items()
+        if name.startswith("Checksum") and name != "ChecksumType"
+    }
+    parts = resp.get("ObjectParts") or {}
+    listed = tuple(
+        PartAttributes(
+            int(p["PartNumber"]),
+            int(p.get("Size", 0)),
+            next((str(v) for n, v in p.items() if n.startswith("Checksum")), None),
+        )
+        for p in parts.get("Parts", [])
+    )
+    modified = resp.get("LastModified")
+    return ObjectAttributes(
+        etag=str(resp.get("ETag", "")).strip('"'),
+        size_bytes=int(resp.get("ObjectSize", 0)),
+        last_modified_s=modified.timestamp() if modified is not None else 0.0,
+        checksums=checksums,
+        storage_class=str(resp.get("StorageClass") or "STANDARD"),
+        parts_count=int(parts["TotalPartsCount"]) if "TotalPartsCount" in parts else None,
+        parts=listed,
+        part_number_marker=int(parts.get("PartNumberMarker", marker)),
+        max_parts=int(parts.get("MaxParts", max_parts)),
+        is_truncated=bool(parts.get("IsTruncated", False)),
+    )
 
 
 def _list_entries(resp: Mapping[str, Any]) -> list[ListEntry]:
