@@ -258,7 +258,8 @@ def _first(header_values: Mapping[str, list[str]], name: str) -> str | None:
 
 def _claim(header_values: Mapping[str, list[str]], params: Sequence[QueryParam]) -> _Claim:
     """Parse the request's signature claim, whichever of the two mechanisms it uses."""
-    authorization = _first(header_values, "authorization")
+    # An empty Authorization header is no signature at all (S3: 403, as anonymous).
+    authorization = (_first(header_values, "authorization") or "").strip() or None
     is_presigned = any(name == b"X-Amz-Algorithm" for name, _ in params)
     if authorization is not None and is_presigned:
         raise InvalidArgument(

@@ -206,7 +206,8 @@ def _http_date(value: str | None) -> float | None:
             return None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
+    # S3 takes a date before the epoch as no date at all (AccessDenied), not as skew.
+    return parsed.timestamp() if parsed.year >= 1970 else None
 
 
 def _query_credential(query: _Pairs, now_s: float) -> tuple[str, str, str, float]:
