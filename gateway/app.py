@@ -24,6 +24,7 @@ from gateway.admin.api import AdminServices, build_admin_app
 from gateway.admin.auth import resolve_admin_token
 from gateway.clock import SystemClock
 from gateway.config import Settings
+from gateway.core.attributes import ObjectAttributesService
 from gateway.core.buckets import BucketService
 from gateway.core.copy import CopyService
 from gateway.core.deletes import DeleteService
@@ -136,6 +137,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         max_part_bytes=settings.max_object_bytes,
         min_part_bytes=settings.min_part_bytes,
         space=space,
+        upstream=upstream,
     )
     object_service = ObjectService(
         journal,
@@ -165,6 +167,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
             space=space,
         ),
         deletes=DeleteService(journal, blobs, buckets, clock),
+        attributes=ObjectAttributesService(journal, upstream, buckets),
         credentials=credentials,
         region=settings.upstream_region,
         domain=settings.domain,

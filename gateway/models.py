@@ -126,3 +126,32 @@ class ListPage:
 class BucketInfo:
     name: str
     created_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PartAttributes:
+    """One part of a multipart object as GetObjectAttributes lists it."""
+
+    part_number: int
+    size_bytes: int
+    # The part's checksum in the object's checksum algorithm (base64), if it has one.
+    checksum: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectAttributes:
+    """What GetObjectAttributes reports about an object version (every attribute; the
+    protocol layer renders those asked for). ``etag`` is unquoted. For a multipart object,
+    ``parts_count`` is its number of parts and ``parts`` one page of them: after
+    ``part_number_marker``, at most ``max_parts``, ``is_truncated`` when more follow."""
+
+    etag: str
+    size_bytes: int
+    last_modified_s: float
+    checksums: Mapping[str, str] = field(default_factory=dict)  # algorithm -> base64
+    storage_class: str = "STANDARD"
+    parts_count: int | None = None
+    parts: tuple[PartAttributes, ...] = ()
+    part_number_marker: int = 0
+    max_parts: int = 1000
+    is_truncated: bool = False

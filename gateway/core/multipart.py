@@ -26,13 +26,15 @@ from gateway.errors import (
     InvalidPart,
     InvalidPartOrder,
     InvalidRequest,
+    NoSuchKey,
     NoSuchUpload,
 )
 from gateway.models import ObjectMeta, PartRef, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import RowCheck
 from gateway.store.space import CacheSpace
-from gateway.store.uploads import Part, Upload, UploadJournal
+from gateway.store.uploads import CompletedUpload, Part, Upload, UploadJournal
+from gateway.upstream.client import Upstream
 
 MAX_PART_NUMBER = 10_000
 
@@ -66,8 +68,10 @@ class MultipartService:
         max_part_bytes: int,
         min_part_bytes: int,
         space: CacheSpace | None = None,
+        upstream: Upstream | None = None,
     ) -> None:
         self._space = space
+        self._upstream = upstream
         self._uploads = uploads
         self._blobs = blobs
         self._buckets = buckets
@@ -155,8 +159,17 @@ class MultipartService:
     ) -> ObjectMeta:
         """Validate and commit. ``expected`` holds whole-object ``x-amz-checksum-*`` values
         the client sent with the request (verified against the computed one). ``check``
-        (from ObjectService.write_guard) re-checks a conditional write inside the commit."""
-        upload = await self.upload(bucket, key, upload_id)
+        (from ObjectService.write_guard) re-checks a conditional write inside the commit.
+
+        A repeat of a Complete that succeeded (and lost its answer) returns what the first
+        one did, as S3 does, while the key still holds that upload's object."""
+        try:
+            upload = await self.upload(bucket, key, upload_id)
+        except NoSuchUpload:
+            repeat = await self.completed(bucket, key, upload_id)
+            if repeat is None:
+                raise
+            return repeat
         if not requested:
             raise InvalidRequest("You must specify at least one part")
         stored = {p.part_number: p for p in await self._uploads.parts(upload_id)}
@@ -196,6 +209,35 @@ class MultipartService:
         _, discard = await self._uploads.complete(upload_id, meta, refs, self._clock.wall(), check)
         await self._blobs.discard(discard)
         return meta
+
+    async def completed(self, bucket: str, key: str, upload_id: str) -> ObjectMeta | None:
+        """What a completed ``upload_id`` answered, if the key's object is still the one it
+        made (a later write or delete of the key makes a repeat NoSuchUpload, as in S3).
+        Without a local row (evicted after its flush) the upstream's ETag decides."""
+        done = await self._uploads.completed(upload_id)
+        if done is None or done.bucket != bucket or done.key != key:
+            return None
+        is_current = done.is_current
+        if is_current is None and self._upstream is not None:
+            is_current = await self._upstream_matches(done)
+        if not is_current:
+            return None
+        return ObjectMeta(
+            bucket=bucket,
+            key=key,
+            size_bytes=done.size_bytes,
+            etag=done.etag,
+            last_modified_s=done.completed_s,
+            checksums=done.checksums,
+        )
+
+    async def _upstream_matches(self, done: CompletedUpload) -> bool:
+        assert self._upstream is not None
+        try:
+            head = await self._upstream.head_object(done.bucket, done.key)
+        except NoSuchKey:
+            return False
+        return head.etag == done.etag
 
     async def abort(self, bucket: str, key: str, upload_id: str) -> None:
         await self.upload(bucket, key, upload_id)

@@ -41,6 +41,7 @@ from gateway.errors import (
     S3Error,
     SignatureDoesNotMatch,
 )
+from gateway.s3.auth_v2 import is_v2, verify_v2
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
@@ -122,18 +123,35 @@ def verify_request(
     credentials: Mapping[str, str],
     now_s: float,
     max_skew_s: float = 900.0,
+    *,
+    region: str | None = None,
+    virtual_bucket: str | None = None,
 ) -> AuthContext:
     """Authenticate one request signed with SigV4, by header or by presigned URL.
 
     ``raw_path`` is the path exactly as sent (percent-encoded, without the query), ``raw_query``
     the query string without ``?``. ``headers`` may be any mapping; names are matched without
     regard to case, and a multidict's repeated headers are all used. ``credentials`` maps access
-    key ids to secret keys. Returns the ``AuthContext`` on success and raises an ``S3Error``
-    otherwise; it never returns for an anonymous request.
+    key ids to secret keys. ``region``, when given, is the only region a credential scope may
+    name (S3 refuses a signature scoped to another region, naming the one it expects).
+    Signature Version 2 (``gateway.s3.auth_v2``) is verified too; it signs the resource with
+    its bucket, so ``virtual_bucket`` names the bucket a virtual-hosted request's Host holds.
+    Returns the ``AuthContext`` on success and raises an ``S3Error`` otherwise; it never
+    returns for an anonymous request.
     """
     header_values = _lower_headers(headers)
+    if is_v2(_first(header_values, "authorization"), raw_query) and "X-Amz-Algorithm" not in {
+        part.partition("=")[0] for part in raw_query.split("&")
+    }:
+        resource = f"/{virtual_bucket}{raw_path}" if virtual_bucket else raw_path
+        access_key, amz_date = verify_v2(
+            method, resource, raw_query, header_values, credentials, now_s, max_skew_s
+        )
+        return _v2_context(access_key, amz_date, header_values)
     params = parse_query(raw_query)
     claim = _claim(header_values, params)
+    if region is not None and claim.region != region:
+        raise _wrong_region(claim, region)
     secret = credentials.get(claim.access_key)
     if secret is None:
         raise InvalidAccessKeyId(AWSAccessKeyId=claim.access_key)
@@ -155,6 +173,25 @@ def verify_request(
         signing_key=key,
         seed_signature=claim.signature.lower(),
         content_sha256=claim.content_sha256,
+    )
+
+
+def _v2_context(
+    access_key: str, amz_date: str, header_values: Mapping[str, list[str]]
+) -> AuthContext:
+    """A SigV2 request: no signing key (its body is never chunk-signed), the payload hash
+    the client declared (checked on ingest when it is a digest)."""
+    sha = _first(header_values, "x-amz-content-sha256")
+    ok = sha is not None and (sha in _PAYLOAD_TOKENS or _HEX64.fullmatch(sha) is not None)
+    return AuthContext(
+        access_key=access_key,
+        region="",
+        service=_SERVICE,
+        scope="",
+        amz_date=amz_date,
+        signing_key=b"",
+        seed_signature="",
+        content_sha256=sha if ok and sha is not None else UNSIGNED_PAYLOAD,
     )
 
 
@@ -221,7 +258,8 @@ def _first(header_values: Mapping[str, list[str]], name: str) -> str | None:
 
 def _claim(header_values: Mapping[str, list[str]], params: Sequence[QueryParam]) -> _Claim:
     """Parse the request's signature claim, whichever of the two mechanisms it uses."""
-    authorization = _first(header_values, "authorization")
+    # An empty Authorization header is no signature at all (S3: 403, as anonymous).
+    authorization = (_first(header_values, "authorization") or "").strip() or None
     is_presigned = any(name == b"X-Amz-Algorithm" for name, _ in params)
     if authorization is not None and is_presigned:
         raise InvalidArgument(
@@ -280,6 +318,19 @@ def _presigned_claim(
     content_sha256 = _content_sha256(header_values, is_required=False)
     signature = values["X-Amz-Signature"]
     return _Claim(*scope, names, signature, amz_date, signed_at_s, content_sha256, expires_s)
+
+
+def _wrong_region(claim: _Claim, region: str) -> S3Error:
+    """S3's answer to a credential scoped to another region (header and streaming signatures
+    share the header's scope; presigned URLs name theirs in X-Amz-Credential)."""
+    wrong = f"the region '{claim.region}' is wrong; expecting '{region}'"
+    if claim.expires_s is None:
+        return AuthorizationHeaderMalformed(
+            f"The authorization header is malformed; {wrong}", Region=region
+        )
+    return AuthorizationQueryParametersError(
+        f"Error parsing the X-Amz-Credential parameter; {wrong}", Region=region
+    )
 
 
 def _presign_values(params: Sequence[QueryParam]) -> dict[str, str]:

@@ -48,8 +48,11 @@ def request_body(
 ) -> tuple[PlainBody | AwsChunkedBody, int | None]:
     """The body to store and its decoded length when the client declared one."""
     sha = request.headers.get("x-amz-content-sha256", "")
-    encodings = [e.strip().lower() for e in request.headers.get("Content-Encoding", "").split(",")]
-    if sha.startswith(_STREAMING) or "aws-chunked" in encodings:
+    # The framing is aws-chunked when the payload hash names a streaming mode, or when the
+    # decoded length is declared (SDKs that stream with UNSIGNED-PAYLOAD). A Content-Encoding
+    # naming aws-chunked alone does not make a body chunked: S3 takes such a body as it is
+    # (the coding is dropped from what it stores, see metadata.stored_headers).
+    if sha.startswith(_STREAMING) or "x-amz-decoded-content-length" in request.headers:
         declared = request.headers.get("x-amz-decoded-content-length")
         if declared is None:
             raise MissingContentLength(

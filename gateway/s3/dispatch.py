@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from gateway.clock import Clock
+from gateway.core.attributes import ObjectAttributesService
 from gateway.core.buckets import BucketService
 from gateway.core.copy import CopyService
 from gateway.core.deletes import DeleteService
@@ -19,7 +20,7 @@ from gateway.core.objects import ObjectService
 from gateway.errors import RequestHeaderSectionTooLarge, S3NotImplemented, SlowDown
 from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext, verify_request
-from gateway.s3.routing import parse_operation
+from gateway.s3.routing import parse_operation, split_host
 
 
 @dataclass(slots=True)
@@ -32,6 +33,7 @@ class S3Services:
     multipart: MultipartService
     copy: CopyService
     deletes: DeleteService
+    attributes: ObjectAttributesService
     credentials: Mapping[str, str]
     region: str
     domain: str | None
@@ -72,12 +74,32 @@ def check_header_section(raw_headers: Iterable[tuple[bytes, bytes]], max_bytes: 
         raise RequestHeaderSectionTooLarge()
 
 
+def check_transfer_coding(values: Iterable[str]) -> None:
+    """501 NotImplemented (naming the header, as S3 does) for a transfer coding other than
+    ``chunked``: the body would be stored still coded (aiohttp undoes only ``chunked``).
+    aiohttp's parser already refuses a list that does not end in ``chunked``."""
+    codings = [c.strip().lower() for value in values for c in value.split(",")]
+    if any(c != "chunked" for c in codings):
+        raise S3NotImplemented(
+            "A header you provided implies functionality that is not implemented",
+            Header="Transfer-Encoding",
+        )
+
+
 async def dispatch(request: web.Request) -> web.StreamResponse:
     svc = request.app[SERVICES]
     check_header_section(request.raw_headers, svc.max_header_bytes)
+    check_transfer_coding(request.headers.getall("Transfer-Encoding", ()))
     raw_path, _, raw_query = request.raw_path.partition("?")
     auth = verify_request(
-        request.method, raw_path, raw_query, request.headers, svc.credentials, svc.clock.wall()
+        request.method,
+        raw_path,
+        raw_query,
+        request.headers,
+        svc.credentials,
+        svc.clock.wall(),
+        region=svc.region,
+        virtual_bucket=split_host(request.host, svc.domain),
     )
     query = dict(parse_qsl(raw_query, keep_blank_values=True))
     op = parse_operation(

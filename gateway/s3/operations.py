@@ -129,3 +129,8 @@ class UploadPartCopy(ObjectOperation):
 @dataclass(frozen=True, slots=True)
 class DeleteObjects(BucketOperation):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class GetObjectAttributes(ObjectOperation):
+    pass

@@ -12,13 +12,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import BadHttpMessage, ContentLengthError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 import gateway.s3.handlers  # noqa: F401  (registers every handler)
-from gateway.errors import BadRequest, IncompleteBody, RequestHeaderSectionTooLarge, S3Error
+from gateway.errors import (
+    BadRequest,
+    IncompleteBody,
+    RequestHeaderSectionTooLarge,
+    S3Error,
+    S3NotImplemented,
+)
 from gateway.s3.access import access_log
 from gateway.s3.dispatch import SERVICES, S3Services, dispatch
 from gateway.s3.metrics import write_metrics
@@ -53,8 +59,18 @@ def build_s3_app(services: S3Services) -> web.Application:
     app[SERVICES] = services
     app.on_response_prepare.append(add_request_headers)
     # [\s\S]: "." would not match a newline, and a key may hold one (%0A in the path).
-    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch, expect_handler=expect_continue)
     return app
+
+
+async def expect_continue(request: web.Request) -> None:
+    """``Expect: 100-continue`` gets its interim 100; any other expectation is ignored and the
+    request served, as S3 serves it. (aiohttp's default answers it with a plain-text 417
+    before any middleware runs: no S3 XML, no request id, no access-log line.)"""
+    expect = request.headers.get("Expect", "").strip().lower()
+    if request.version == HttpVersion11 and expect == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the interim answer is not the response's start
 
 
 def build_s3_runner(
@@ -81,6 +97,15 @@ def parse_error(exc: BaseException | None) -> S3Error:
         return RequestHeaderSectionTooLarge()
     if isinstance(exc, ContentLengthError):  # the body ended before its Content-Length
         return IncompleteBody()
+    text = str(exc)
+    if "Transfer-Encoding" in text and "Content-Length" not in text:
+        # A coding list not ending in chunked (``gzip``, ``chunked, gzip``): a coding the
+        # gateway does not decode, as S3 answers it. (Content-Length together with
+        # Transfer-Encoding stays a plain 400: that is a smuggling attempt, not a feature.)
+        return S3NotImplemented(
+            "A header you provided implies functionality that is not implemented",
+            Header="Transfer-Encoding",
+        )
     return BadRequest()
 
 

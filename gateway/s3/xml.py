@@ -78,8 +78,11 @@ def encoder(encoding_type: str | None) -> Any:
 
 
 def contents(
-    entries: Iterable[ListEntry], enc: Any
+    entries: Iterable[ListEntry], enc: Any, *, with_owner: bool = False
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``Contents`` and ``CommonPrefixes`` of a listing; ``with_owner`` adds each key's
+    ``Owner`` (always in ListObjects v1, with ``fetch-owner=true`` in v2): the gateway's one
+    identity, which owns every object it serves."""
     keys: list[dict[str, Any]] = []
     prefixes: list[dict[str, Any]] = []
     for e in entries:
@@ -93,6 +96,7 @@ def contents(
                     "ETag": f'"{e.etag}"',
                     "Size": str(e.size_bytes),
                     "StorageClass": "STANDARD",
+                    **({"Owner": OWNER} if with_owner else {}),
                 }
             )
     return keys, prefixes

@@ -75,3 +75,19 @@ CREATE TABLE IF NOT EXISTS upstream_uploads (
     key        TEXT NOT NULL,
     created_s  REAL NOT NULL
 ) WITHOUT ROWID;
+
+-- Multipart uploads completed recently: a repeated CompleteMultipartUpload (an SDK retrying
+-- after a lost response) answers as the first did while the key's row is still the version
+-- that completion made (its seq). Rows older than the retention are pruned at each completion.
+CREATE TABLE IF NOT EXISTS completed_uploads (
+    upload_id    TEXT PRIMARY KEY,
+    bucket       TEXT    NOT NULL,
+    key          TEXT    NOT NULL,
+    seq          INTEGER NOT NULL,             -- objects.seq of the version it made
+    etag         TEXT    NOT NULL,
+    size_bytes   INTEGER NOT NULL,
+    checksums    TEXT    NOT NULL,             -- JSON object, as in objects.checksums
+    completed_s  REAL    NOT NULL              -- wall clock of the completion
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS completed_uploads_by_time ON completed_uploads (completed_s);

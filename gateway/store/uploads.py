@@ -2,8 +2,9 @@
 
 Same durability order as single PUTs: a part's blob is durable before its row commits, and
 the part is acknowledged after. Completion is one transaction: the object row takes the
-ordered part list (no data is copied), the upload's rows go, and the blobs of parts left
-out of the completion are returned for unlinking after COMMIT.
+ordered part list (no data is copied), the upload's rows go, the completion is remembered
+(``completed_uploads``, so a repeated Complete can answer as the first did), and the blobs
+of parts left out of the completion are returned for unlinking after COMMIT.
 """
 
 from __future__ import annotations
@@ -28,6 +29,22 @@ class Upload:
     headers: dict[str, str]
     checksum_algorithm: str | None = None
     checksum_type: str | None = None  # COMPOSITE | FULL_OBJECT
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedUpload:
+    """A multipart upload that completed: what its CompleteMultipartUpload answered, and
+    whether the key still holds the version it made (``is_current``; None when the key has
+    no local row any more, e.g. evicted after its flush: only the upstream can tell)."""
+
+    upload_id: str
+    bucket: str
+    key: str
+    etag: str
+    size_bytes: int
+    checksums: dict[str, str]
+    completed_s: float
+    is_current: bool | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +161,32 @@ class UploadJournal:
             conn.execute("DELETE FROM parts WHERE upload_id = ?", (upload_id,))
             conn.execute("DELETE FROM uploads WHERE upload_id = ?", (upload_id,))
             row, superseded = self._journal.upsert(conn, meta, None, parts, False, acked_s)
+            _remember_completed(conn, upload_id, row, acked_s)
             return row, unused + superseded
 
         row, discard = await self._journal.run_write(op)
         self._journal.pending_event.set()
         return row, discard
+
+    async def completed(self, upload_id: str) -> CompletedUpload | None:
+        """The completion of ``upload_id`` within the last ``COMPLETED_RETENTION_S``, if any."""
+
+        def op(conn: sqlite3.Connection) -> CompletedUpload | None:
+            row = conn.execute(
+                "SELECT c.bucket, c.key, c.etag, c.size_bytes, c.checksums, c.completed_s, "
+                "c.seq, o.seq, o.is_delete FROM completed_uploads AS c LEFT JOIN objects AS o "
+                "ON o.bucket = c.bucket AND o.key = c.key WHERE c.upload_id = ?",
+                (upload_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            bucket, key, etag, size, checksums, done_s, seq, now_seq, is_delete = row
+            current = None if now_seq is None else (now_seq == seq and not is_delete)
+            return CompletedUpload(
+                upload_id, bucket, key, etag, size, json.loads(checksums), done_s, current
+            )
+
+        return await self._journal.run_read(op)
 
     async def abort(self, upload_id: str) -> list[str]:
         """Drop an upload and its parts; returns their blobs. NoSuchUpload if unknown."""
@@ -180,6 +218,35 @@ class UploadJournal:
             return [_upload(r) for r in rows]
 
         return await self._journal.run_read(op)
+
+
+# How long a completed upload is remembered: far beyond any SDK's retries of a Complete
+# whose answer was lost, and across restarts (the journal keeps it).
+COMPLETED_RETENTION_S = 24 * 3600.0
+
+
+def _remember_completed(
+    conn: sqlite3.Connection, upload_id: str, row: LocalObject, now_s: float
+) -> None:
+    """Inside the completion: record it, and forget completions past the retention."""
+    conn.execute(
+        "DELETE FROM completed_uploads WHERE completed_s < ?", (now_s - COMPLETED_RETENTION_S,)
+    )
+    meta = row.meta
+    conn.execute(
+        "INSERT OR REPLACE INTO completed_uploads (upload_id, bucket, key, seq, etag, "
+        "size_bytes, checksums, completed_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            upload_id,
+            meta.bucket,
+            meta.key,
+            row.seq,
+            meta.etag,
+            meta.size_bytes,
+            json.dumps(dict(meta.checksums)),
+            now_s,
+        ),
+    )
 
 
 def _require(conn: sqlite3.Connection, upload_id: str) -> None:

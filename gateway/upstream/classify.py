@@ -7,8 +7,9 @@ import asyncio
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.parsers import ResponseParserError
 
-from gateway.errors import S3Error, ServiceUnavailable, upstream_error
+from gateway.errors import InternalError, S3Error, ServiceUnavailable, upstream_error
 
 _THROTTLE_CODES = frozenset(
     {
@@ -103,7 +104,15 @@ def for_client(exc: BaseException) -> S3Error:
                 412: "PreconditionFailed",
                 304: "NotModified",
             }.get(int(code), "InternalError")
-        return upstream_error(code, status, str(err.get("Message", "")))
+        message = str(err.get("Message", ""))
+        if status >= 500:
+            # Say whose error it is: the client and the log otherwise see a bare 500.
+            operation = getattr(exc, "operation_name", "a request")
+            message = f"The upstream bucket answered {code} (HTTP {status}) to {operation}: "
+            message += str(err.get("Message", "")) or "no detail"
+        return upstream_error(code, status, message)
+    if isinstance(exc, ResponseParserError):
+        return InternalError(f"The upstream bucket's answer could not be read: {exc}")
     return ServiceUnavailable(f"upstream unavailable: {type(exc).__name__}")
 
 

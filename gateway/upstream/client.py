@@ -14,6 +14,7 @@ import email.utils
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -23,7 +24,13 @@ from botocore.exceptions import ClientError
 
 from gateway.errors import NoSuchBucket, S3Error
 from gateway.metrics import UPSTREAM_REQUESTS
-from gateway.models import BucketInfo, ListEntry, ObjectMeta
+from gateway.models import (
+    BucketInfo,
+    ListEntry,
+    ObjectAttributes,
+    ObjectMeta,
+    PartAttributes,
+)
 from gateway.upstream.classify import FlushError, for_client, for_flush
 
 T = TypeVar("T")
@@ -45,6 +52,13 @@ _CONDITION_PARAMS = {
     "If-Unmodified-Since": "IfUnmodifiedSince",
 }
 _TOTAL_SIZE = re.compile(r"bytes \d+-\d+/(\d+)")
+# Stored headers sent as they are, not through a botocore parameter: S3 stores any Expires
+# string (an unparseable one too, which it returns verbatim), while botocore's Expires
+# parameter is a timestamp that refuses such a value and reformats a valid one.
+_RAW_HEADERS: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("upstream_raw", default=())
+_RAW_HEADER_NAMES = {"expires": "Expires"}
+# Characters XML 1.0 cannot carry, even as references.
+_XML_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 @dataclass(slots=True)
@@ -158,6 +172,12 @@ class Upstream(Protocol):
         self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
     ) -> tuple[list[ListEntry], bool]: ...
 
+    async def get_object_attributes(
+        self, bucket: str, key: str, *, max_parts: int, part_number_marker: int
+    ) -> ObjectAttributes:
+        """GetObjectAttributes of an upstream object (every attribute; parts paged)."""
+        ...
+
     async def head_bucket(self, bucket: str) -> None: ...
 
     async def list_buckets(self) -> list[BucketInfo]: ...
@@ -223,6 +243,8 @@ class AiobotocoreUpstream:
             )
         )
         self._client.meta.events.register("response-received.s3", count_upstream_request)
+        for operation in ("PutObject", "CreateMultipartUpload"):
+            self._client.meta.events.register(f"before-call.s3.{operation}", _add_raw_headers)
 
     async def close(self) -> None:
         await self._stack.aclose()
@@ -230,6 +252,7 @@ class AiobotocoreUpstream:
     # -- writes (flush) --------------------------------------------------------------------
 
     async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str:
+        raw = _RAW_HEADERS.set(_raw_headers(meta))
         try:
             resp = await self._client.put_object(
                 Body=body,
@@ -240,6 +263,8 @@ class AiobotocoreUpstream:
             )
         except Exception as exc:  # classified: the flusher decides what it means
             raise for_flush(exc) from exc
+        finally:
+            _RAW_HEADERS.reset(raw)
         return str(resp.get("ETag", "")).strip('"')
 
     async def put_multipart(
@@ -255,10 +280,13 @@ class AiobotocoreUpstream:
         while it is open, so a crash cannot abandon it."""
         bucket, key = meta.bucket, meta.key
         runner: RequestRunner = run or _send_once
+        raw = _RAW_HEADERS.set(_raw_headers(meta))
         try:
             created = await self._client.create_multipart_upload(**_object_params(meta))
         except Exception as exc:
             raise for_flush(exc) from exc
+        finally:
+            _RAW_HEADERS.reset(raw)
         upload_id = created["UploadId"]
         try:
             if track is not None:
@@ -385,26 +413,42 @@ class AiobotocoreUpstream:
     async def list_page(
         self, bucket: str, prefix: str, delimiter: str, start_after: str, max_keys: int
     ) -> tuple[list[ListEntry], bool]:
+        """One upstream page of entries after ``start_after``.
+
+        A StartAfter holding characters XML cannot carry (control characters, legal in S3
+        keys) is not sent as is: some S3 servers cannot echo it in their answer. The listing
+        starts at its longest clean prefix instead (which sorts before it), follows the
+        upstream's continuation tokens, and drops what sorts at or before ``start_after``."""
         params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": max_keys}
         if delimiter:
             params["Delimiter"] = delimiter
-        if start_after:
-            params["StartAfter"] = start_after
-        resp = await self._call(lambda: self._client.list_objects_v2(**params))
-        entries = [
-            ListEntry(
-                name=o["Key"],
-                size_bytes=int(o.get("Size", 0)),
-                etag=str(o.get("ETag", "")).strip('"'),
-                last_modified_s=o["LastModified"].timestamp(),
+        unsafe = _XML_UNSAFE.search(start_after)
+        clean = start_after[: unsafe.start()] if unsafe else start_after
+        if clean:
+            params["StartAfter"] = clean
+        while True:
+            resp = await self._call(lambda: self._client.list_objects_v2(**params))
+            entries = [e for e in _list_entries(resp) if e.name > start_after]
+            truncated = bool(resp.get("IsTruncated", False))
+            token = resp.get("NextContinuationToken")
+            if entries or not truncated or not unsafe or not token:
+                return entries, truncated
+            params.pop("StartAfter", None)
+            params["ContinuationToken"] = token
+
+    async def get_object_attributes(
+        self, bucket: str, key: str, *, max_parts: int, part_number_marker: int
+    ) -> ObjectAttributes:
+        resp = await self._call(
+            lambda: self._client.get_object_attributes(
+                Bucket=bucket,
+                Key=key,
+                ObjectAttributes=list(_OBJECT_ATTRIBUTES),
+                MaxParts=max_parts,
+                PartNumberMarker=part_number_marker,
             )
-            for o in resp.get("Contents", [])
-        ]
-        entries += [
-            ListEntry(name=p["Prefix"], is_prefix=True) for p in resp.get("CommonPrefixes", [])
-        ]
-        entries.sort(key=lambda e: e.name)
-        return entries, bool(resp.get("IsTruncated", False))
+        )
+        return _attributes(resp, max_parts, part_number_marker)
 
     # -- buckets (passed through) ----------------------------------------------------------
 
@@ -438,6 +482,56 @@ class AiobotocoreUpstream:
             raise for_client(exc) from exc
 
 
+_OBJECT_ATTRIBUTES = ("ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize")
+
+
+def _attributes(resp: Mapping[str, Any], max_parts: int, marker: int) -> ObjectAttributes:
+    """An upstream GetObjectAttributes answer as ``ObjectAttributes``."""
+    checksums = {
+        name.removeprefix("Checksum").lower(): str(value)
+        for name, value in resp.get("Checksum", {}).items()
+        if name.startswith("Checksum") and name != "ChecksumType"
+    }
+    parts = resp.get("ObjectParts") or {}
+    listed = tuple(
+        PartAttributes(
+            int(p["PartNumber"]),
+            int(p.get("Size", 0)),
+            next((str(v) for n, v in p.items() if n.startswith("Checksum")), None),
+        )
+        for p in parts.get("Parts", [])
+    )
+    modified = resp.get("LastModified")
+    return ObjectAttributes(
+        etag=str(resp.get("ETag", "")).strip('"'),
+        size_bytes=int(resp.get("ObjectSize", 0)),
+        last_modified_s=modified.timestamp() if modified is not None else 0.0,
+        checksums=checksums,
+        storage_class=str(resp.get("StorageClass") or "STANDARD"),
+        parts_count=int(parts["TotalPartsCount"]) if "TotalPartsCount" in parts else None,
+        parts=listed,
+        part_number_marker=int(parts.get("PartNumberMarker", marker)),
+        max_parts=int(parts.get("MaxParts", max_parts)),
+        is_truncated=bool(parts.get("IsTruncated", False)),
+    )
+
+
+def _list_entries(resp: Mapping[str, Any]) -> list[ListEntry]:
+    """Keys and common prefixes of a ListObjectsV2 answer, in name order."""
+    entries = [
+        ListEntry(
+            name=o["Key"],
+            size_bytes=int(o.get("Size", 0)),
+            etag=str(o.get("ETag", "")).strip('"'),
+            last_modified_s=o["LastModified"].timestamp(),
+        )
+        for o in resp.get("Contents", [])
+    ]
+    entries += [ListEntry(name=p["Prefix"], is_prefix=True) for p in resp.get("CommonPrefixes", [])]
+    entries.sort(key=lambda e: e.name)
+    return entries
+
+
 def _object_params(meta: ObjectMeta) -> dict[str, Any]:
     params: dict[str, Any] = {
         "Bucket": meta.bucket,
@@ -446,9 +540,19 @@ def _object_params(meta: ObjectMeta) -> dict[str, Any]:
         "Metadata": dict(meta.user_metadata),
     }
     for name, param in _HEADER_PARAMS.items():
-        if name in meta.headers:
+        if name in meta.headers and name not in _RAW_HEADER_NAMES:
             params[param] = meta.headers[name]
     return params
+
+
+def _raw_headers(meta: ObjectMeta) -> tuple[tuple[str, str], ...]:
+    return tuple((h, meta.headers[n]) for n, h in _RAW_HEADER_NAMES.items() if n in meta.headers)
+
+
+def _add_raw_headers(params: dict[str, Any], **kwargs: Any) -> None:
+    """botocore ``before-call`` hook (PutObject, CreateMultipartUpload): adds the stored
+    headers the current task set in ``_RAW_HEADERS``, before the request is signed."""
+    params["headers"].update(_RAW_HEADERS.get())
 
 
 _CHECKSUM_PARAMS = {

@@ -24,6 +24,7 @@ from harness import (
     sign_request,
 )
 from hypothesis import strategies as st
+from s3raw import raw_exchange, signed_head
 
 BUCKET = "fuzz-bucket"
 OBJECT = bytes(range(256)) * 4  # the 1 KiB object range requests read
@@ -90,6 +91,20 @@ xml_fragments = st.lists(
     ),
     max_size=40,
 ).map("".join)
+
+# Transfer-Encoding values: lists of codings, ``chunked`` the only one the gateway decodes.
+transfer_codings = st.lists(
+    st.sampled_from(
+        ["chunked", "CHUNKED", "gzip", "deflate", "identity", "br", "compress", "x-own", ""]
+    ),
+    min_size=1,
+    max_size=3,
+).map(", ".join)
+# Regions a credential scope may name: only the gateway's own (REGION) is accepted.
+regions = st.one_of(
+    st.sampled_from(["us-east-1", "eu-west-1", "US-EAST-1", "us-east-1 ", "us_east_1", "s3"]),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=20),
+)
 
 KEY_ERRORS = {"KeyTooLongError", "InvalidURI"}
 RANGE_ERRORS = {"InvalidRange"}
@@ -204,3 +219,39 @@ def check_xml(gw: Any, doc: str, upload_id: str) -> None:
         expect_error(deleted, XML_ERRORS)
     done = signed(gw, "POST", f"/{BUCKET}/fuzz-mpu?uploadId={upload_id}", raw, headers=headers)
     expect_error(done, XML_ERRORS)
+
+
+def check_transfer_coding(gw: Any, value: str, key: str) -> None:
+    """A PUT whose body is framed chunked under ``Transfer-Encoding: value``: stored only when
+    every coding is ``chunked`` (one of them, as HTTP allows), else refused with S3's error
+    (501 NotImplemented for a coding the gateway does not decode, 400 for a malformed list)
+    and invisible; never any other 5xx."""
+    data = b"abc"
+    head = signed_head(gw, "PUT", f"/{BUCKET}/{key}", data)
+    request = head + f"Transfer-Encoding: {value}\r\n\r\n".encode() + b"3\r\nabc\r\n0\r\n\r\n"
+    status, _, body = raw_exchange(gw.port, request)
+    got = signed(gw, "GET", f"/{BUCKET}/{key}")
+    if status == 200:
+        assert [c.strip().lower() for c in value.split(",")] == ["chunked"], value
+        assert got.status == 200 and got.body == data
+        return
+    assert status in (400, 501), (status, body[:300])
+    code = parse_s3_error(body)["Code"]
+    assert code == ("NotImplemented" if status == 501 else "BadRequest"), (value, code)
+    assert got.status == 404, "a refused write is visible"
+
+
+def check_region(gw: Any, region: str, key: str) -> None:
+    """A PUT signed for ``region``: stored only for the gateway's own region, else S3's
+    AuthorizationHeaderMalformed naming the expected one, and nothing stored."""
+    req = sign_request("PUT", f"{gw.endpoint}/{BUCKET}/{key}", body=b"r", region=region)
+    resp = send_signed(req)
+    got = signed(gw, "GET", f"/{BUCKET}/{key}")
+    if region == gw.region:
+        assert resp.status == 200 and got.body == b"r"
+        return
+    assert resp.status == 400, (region, resp.status, resp.body[:300])
+    err = parse_s3_error(resp.body)
+    # A scope that does not even parse (a '/' in the region) is malformed either way.
+    assert err["Code"] == "AuthorizationHeaderMalformed", err
+    assert got.status == 404, "a refused write is visible"

@@ -17,11 +17,15 @@ from fuzzcases import (
     check_chunked,
     check_key,
     check_range,
+    check_region,
+    check_transfer_coding,
     check_xml,
     key_bytes,
     mutations,
     payloads,
     range_values,
+    regions,
+    transfer_codings,
     xml_fragments,
 )
 from hypothesis import HealthCheck, example, given, settings
@@ -85,3 +89,19 @@ def test_fuzz_xml_documents(fuzz_target: tuple[Sandbox, str], doc: str) -> None:
     sandbox, upload_id = fuzz_target
     check_xml(sandbox.gw, doc, upload_id)
     _after(sandbox)
+
+
+@FUZZ
+@given(value=transfer_codings)
+@example(value="gzip, chunked")  # decoded as chunked, stored still gzip-coded: a 200
+def test_fuzz_transfer_codings(fuzz_target: tuple[Sandbox, str], value: str) -> None:
+    check_transfer_coding(fuzz_target[0].gw, value, f"te/{next(_names)}")
+    _after(fuzz_target[0])
+
+
+@FUZZ
+@given(region=regions)
+@example(region="eu-west-1")  # a signature scoped to another region was accepted
+def test_fuzz_signature_regions(fuzz_target: tuple[Sandbox, str], region: str) -> None:
+    check_region(fuzz_target[0].gw, region, f"region/{next(_names)}")
+    _after(fuzz_target[0])

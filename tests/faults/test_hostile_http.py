@@ -29,6 +29,7 @@ from harness import (
     sign_request,
     signed_chunked_body_length,
 )
+from s3raw import signed_head
 
 BUCKET = "hostile-bucket"
 LAUGHS = (
@@ -424,6 +425,28 @@ CASES = [
         400,
         "AuthorizationHeaderMalformed",
     ),
+    Case(
+        "region-other-header",
+        lambda g, u: send_signed(
+            sign_request("PUT", f"{g.endpoint}/{BUCKET}/region/h", body=b"x", region="eu-west-1")
+        ),
+        400,
+        "AuthorizationHeaderMalformed",
+        "region/h",
+    ),
+    Case(
+        "region-other-presigned",
+        lambda g, u: http_request(
+            "PUT",
+            g.client(region="ap-south-1").generate_presigned_url(
+                "put_object", Params={"Bucket": BUCKET, "Key": "region/p"}, ExpiresIn=60
+            ),
+            body=b"x",
+        ),
+        400,
+        "AuthorizationQueryParametersError",
+        "region/p",
+    ),
     Case("request-time-skewed", _skewed, 403, "RequestTimeTooSkewed"),
     Case("presigned-replayed-after-expiry", _presigned_expired, 403, "AccessDenied"),
     Case(
@@ -449,6 +472,20 @@ CASES = [
         "BadRequest",
     ),
     Case(
+        "transfer-coding-gzip-chunked",
+        lambda g, u: _coded_put(g, "te/gzip", b"gzip, chunked"),
+        501,
+        "NotImplemented",
+        "te/gzip",
+    ),
+    Case(
+        "transfer-coding-gzip-alone",
+        lambda g, u: _coded_put(g, "te/gzip-alone", b"gzip"),
+        501,
+        "NotImplemented",
+        "te/gzip-alone",
+    ),
+    Case(
         "negative-content-length",
         lambda g, u: _raw_response(
             g, b"PUT /" + BUCKET.encode() + b"/x HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"
@@ -457,6 +494,14 @@ CASES = [
         "BadRequest",
     ),
 ]
+
+
+def _coded_put(gw: Any, key: str, coding: bytes) -> HttpResponse:
+    """A PUT of a chunked-framed body under ``Transfer-Encoding: coding`` (raw socket)."""
+    head = signed_head(gw, "PUT", f"/{BUCKET}/{key}", b"abc")
+    return _raw_response(
+        gw, head + b"Transfer-Encoding: " + coding + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    )
 
 
 def _raw_response(gw: Any, data: bytes) -> HttpResponse:

@@ -10,6 +10,7 @@ from typing import Any
 import xmltodict
 from aiohttp import web
 
+from gateway.core.ingest import MAX_KEY_BYTES
 from gateway.core.listing import resume_after
 from gateway.errors import InvalidArgument, MalformedXML
 from gateway.s3 import operations as ops
@@ -20,6 +21,8 @@ from gateway.s3.dispatch import S3Services, handles
 
 _MAX_KEYS = 1000
 _MAX_CREATE_BODY_BYTES = 64 * 1024
+# base64 of the longest key (1024 UTF-8 bytes), padding included.
+_MAX_TOKEN_CHARS = 4 * ((MAX_KEY_BYTES + 2) // 3)
 
 
 def _xml_response(body: bytes) -> web.Response:
@@ -100,12 +103,21 @@ def _encoding_type(value: str | None) -> str | None:
 
 
 def _token(value: str) -> str:
+    """The listing position a continuation token of ours holds (the last name returned:
+    UTF-8, at most 1024 bytes, base64url). Anything else was not issued here and is S3's
+    InvalidArgument; it never reaches the upstream."""
+    incorrect = InvalidArgument(
+        "The continuation token provided is incorrect", ArgumentName="continuation-token"
+    )
+    if not value.isascii() or len(value) > _MAX_TOKEN_CHARS:
+        raise incorrect
     try:
-        return base64.urlsafe_b64decode(value.encode("ascii")).decode("utf-8")
+        name = base64.b64decode(value, altchars=b"-_", validate=True).decode("utf-8")
     except (binascii.Error, UnicodeError, ValueError) as exc:
-        raise InvalidArgument(
-            "The continuation token provided is incorrect", ArgumentName="continuation-token"
-        ) from exc
+        raise incorrect from exc
+    if not name or len(name.encode("utf-8")) > MAX_KEY_BYTES:
+        raise incorrect
+    return name
 
 
 @handles(ops.ListObjectsV2)
@@ -116,12 +128,14 @@ async def list_objects_v2(
     prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
     max_keys, enc_type = _max_keys(q.get("max-keys")), _encoding_type(q.get("encoding-type"))
     token, start_after = q.get("continuation-token"), q.get("start-after", "")
-    after = resume_after(_token(token), prefix, delimiter) if token is not None else start_after
+    # An empty token is no position (S3 lists from the start and echoes it).
+    after = resume_after(_token(token), prefix, delimiter) if token else start_after
     page = await svc.listing.list_objects(
         op.bucket, prefix=prefix, delimiter=delimiter, after=after, max_keys=max_keys
     )
     enc = xml.encoder(enc_type)
-    keys, prefixes = xml.contents(page.entries, enc)
+    fetch_owner = q.get("fetch-owner", "").lower() == "true"
+    keys, prefixes = xml.contents(page.entries, enc, with_owner=fetch_owner)
     body: dict[str, Any] = {
         "Name": op.bucket,
         "Prefix": enc(prefix),
@@ -150,6 +164,11 @@ async def list_objects(
     request: web.Request, op: ops.ListObjects, svc: S3Services, auth: AuthContext
 ) -> web.StreamResponse:
     q = request.query
+    if "start-after" in q:
+        raise InvalidArgument(
+            "startAfter only supported in REST.GET.BUCKET with list-type=2",
+            ArgumentName="start-after",
+        )
     prefix, delimiter, marker = q.get("prefix", ""), q.get("delimiter", ""), q.get("marker", "")
     max_keys, enc_type = _max_keys(q.get("max-keys")), _encoding_type(q.get("encoding-type"))
     after = resume_after(marker, prefix, delimiter) if marker else ""
@@ -157,7 +176,7 @@ async def list_objects(
         op.bucket, prefix=prefix, delimiter=delimiter, after=after, max_keys=max_keys
     )
     enc = xml.encoder(enc_type)
-    keys, prefixes = xml.contents(page.entries, enc)
+    keys, prefixes = xml.contents(page.entries, enc, with_owner=True)
     body: dict[str, Any] = {
         "Name": op.bucket,
         "Prefix": enc(prefix),

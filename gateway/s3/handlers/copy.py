@@ -15,7 +15,7 @@ from gateway.s3 import operations as ops
 from gateway.s3 import xml
 from gateway.s3.auth import AuthContext
 from gateway.s3.dispatch import S3Services, handles
-from gateway.s3.handlers.objects import stored_headers, user_metadata
+from gateway.s3.metadata import content_type, stored_headers, user_metadata
 
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{1,19})")
 # Headers that change an object's attributes other than metadata: with one of them a copy
@@ -73,7 +73,7 @@ def new_metadata(headers: Mapping[str, str]) -> NewMetadata | None:
             ArgumentValue=headers["x-amz-metadata-directive"],
         )
     return NewMetadata(
-        content_type=headers.get("Content-Type", "binary/octet-stream"),
+        content_type=content_type(headers),
         user_metadata=user_metadata(headers),
         headers=stored_headers(headers),
     )

@@ -15,13 +15,8 @@ from gateway.s3 import xml
 from gateway.s3.auth import AuthContext
 from gateway.s3.body import read_document, request_body
 from gateway.s3.dispatch import S3Services, handles
-from gateway.s3.handlers.objects import (
-    checksum_headers,
-    put_request,
-    stored_headers,
-    user_metadata,
-    write_preconditions,
-)
+from gateway.s3.handlers.objects import checksum_headers, put_request, write_preconditions
+from gateway.s3.metadata import content_type, stored_headers, user_metadata
 from gateway.s3.metrics import note_ingested
 from gateway.s3.xml import iso8601
 
@@ -53,7 +48,7 @@ async def create_multipart_upload(
     upload_id = await svc.multipart.create(
         op.bucket,
         op.key,
-        headers.get("Content-Type", "binary/octet-stream"),
+        content_type(headers),
         user_metadata(headers),
         stored_headers(headers),
         algorithm,
@@ -99,15 +94,15 @@ async def complete_multipart_upload(
     svc.check_writable()
     cond = write_preconditions(request.headers)
     raw, _ = await read_document(request, auth, svc.max_xml_body_bytes)
-    check = await svc.objects.write_guard(op.bucket, op.key, cond)
-    meta = await svc.multipart.complete(
-        op.bucket,
-        op.key,
-        op.upload_id,
-        parse_completed_parts(raw),
-        checksum_headers(request.headers),
-        check,
-    )
+    parts = parse_completed_parts(raw)
+    # A repeat of a Complete that succeeded answers as the first did, before preconditions
+    # (If-None-Match: * would now see the object that Complete made).
+    meta = await svc.multipart.completed(op.bucket, op.key, op.upload_id)
+    if meta is None:
+        check = await svc.objects.write_guard(op.bucket, op.key, cond)
+        meta = await svc.multipart.complete(
+            op.bucket, op.key, op.upload_id, parts, checksum_headers(request.headers), check
+        )
     body = {
         "Location": f"{request.scheme}://{request.host}/{op.bucket}/{op.key}",
         "Bucket": op.bucket,

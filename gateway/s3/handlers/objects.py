@@ -17,7 +17,6 @@ from gateway.errors import (
     InvalidArgument,
     InvalidRange,
     InvalidRequest,
-    MetadataTooLarge,
     S3NotImplemented,
 )
 from gateway.models import PutRequest
@@ -25,19 +24,12 @@ from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext
 from gateway.s3.body import request_body
 from gateway.s3.dispatch import S3Services, handles
+from gateway.s3.metadata import content_type, stored_headers, user_metadata
 from gateway.s3.metrics import note_ingested
 from gateway.s3.middleware import render_error
 
 log = logging.getLogger(__name__)
 
-# System metadata S3 stores with an object and returns on GET/HEAD.
-STORED_HEADERS = (
-    "content-encoding",
-    "content-disposition",
-    "content-language",
-    "cache-control",
-    "expires",
-)
 # How each stored header is spelled in responses (HTTP names are case-insensitive, but
 # clients and tests compare what S3 sends).
 _HEADER_NAMES = {
@@ -57,36 +49,8 @@ _OVERRIDES = {
     "response-content-encoding": "Content-Encoding",
 }
 _MAX_PART_NUMBER = 10_000
-# S3 stores at most 2 KB of user metadata (x-amz-meta-* names and values) per object.
-MAX_USER_METADATA_BYTES = 2048
 _SUPPORTED_CHECKSUMS = frozenset(CHECKSUM_ALGORITHMS)
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
-
-
-def user_metadata(headers: Mapping[str, str]) -> dict[str, str]:
-    """``x-amz-meta-*`` headers, names lower-cased as S3 stores them.
-
-    Raises ``MetadataTooLarge`` over S3's limit: 2 KB of names and values (UTF-8 bytes)."""
-    meta = {k[11:].lower(): v for k, v in headers.items() if k.lower().startswith("x-amz-meta-")}
-    size = sum(len(k.encode("utf-8", "surrogateescape")) for k in meta)
-    size += sum(len(v.encode("utf-8", "surrogateescape")) for v in meta.values())
-    if size > MAX_USER_METADATA_BYTES:
-        raise MetadataTooLarge(
-            f"Your metadata headers are {size} bytes; the maximum is {MAX_USER_METADATA_BYTES}."
-        )
-    return meta
-
-
-def stored_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """System metadata kept with the object. aws-chunked is a transfer framing, not part of
-    the object: ``gzip,aws-chunked`` is stored as ``gzip``."""
-    stored = {name: headers[name] for name in STORED_HEADERS if name in headers}
-    if "content-encoding" in stored:
-        parts = stored.pop("content-encoding").split(",")
-        kept = [e.strip() for e in parts if e.strip().lower() != "aws-chunked"]
-        if kept:
-            stored["content-encoding"] = ",".join(kept)
-    return stored
 
 
 def checksum_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -111,7 +75,7 @@ def put_request(op: ops.PutObject, headers: Mapping[str, str], length: int | Non
     return PutRequest(
         bucket=op.bucket,
         key=op.key,
-        content_type=headers.get("Content-Type", "binary/octet-stream"),
+        content_type=content_type(headers),
         user_metadata=meta,
         headers=stored,
         content_length=length,

@@ -10,7 +10,7 @@ from aiohttp.http_exceptions import BadHttpMessage, ContentLengthError, LineTooL
 from gateway.admin.auth import AdminTokenError, _is_authorized, is_loopback, resolve_admin_token
 from gateway.errors import MetadataTooLarge
 from gateway.s3.dispatch import check_header_section
-from gateway.s3.handlers.objects import user_metadata
+from gateway.s3.metadata import user_metadata
 from gateway.s3.server import parse_error
 from gateway.s3.xml import error_document, xml_safe
 
