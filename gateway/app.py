@@ -31,6 +31,7 @@ from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
 from gateway.errors import S3Error
+from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
 from gateway.flush.flusher import Flusher
 from gateway.flush.lanes import LaneConfig
@@ -238,8 +239,14 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     s3.is_accepting_writes = False
     started = clock.monotonic()
     if not flusher.is_paused:
-        await journal.wait_flushed(
-            None, "", journal.last_seq, settings.shutdown_drain_timeout_s, skip_failed=True
+        # Failed objects, and markers held behind them, wait for an operator, not for time.
+        await stuck.wait_movable(
+            journal,
+            flusher.policy,
+            None,
+            "",
+            journal.last_seq,
+            settings.shutdown_drain_timeout_s,
         )
     left_s = settings.shutdown_drain_timeout_s - (clock.monotonic() - started)
     await flusher.stop(max(0.0, left_s))

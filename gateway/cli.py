@@ -6,7 +6,8 @@ from a Kubernetes preStop hook. Exit codes (scripts and the Helm chart rely on t
 - 0: ``status`` printed; ``drain`` found everything drained.
 - 1: the admin API could not be reached (or answered an HTTP error).
 - 3: ``drain`` gave up: something was still pending when ``--timeout`` passed
-  (or, without ``--wait``, at the moment of the call).
+  (or, without ``--wait``, at the moment of the call), or nothing but failed objects was
+  left (they wait for an operator's retry, not for time).
 """
 
 from __future__ import annotations
@@ -328,9 +329,9 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
     deadline_s = progress.started_s + max(0.0, args.timeout)
     try:
         data = admin.drain(args.bucket, args.prefix, 0.0)
-        while args.wait and not data["drained"]:
+        while args.wait and not data["drained"] and not _only_failed(data):
             progress.update(clock(), data["pending_bytes"])
-            sink.show(progress.line(data["pending_objects"], _note(admin)))
+            sink.show(progress.line(data["pending_objects"], _note(admin, data)))
             left_s = deadline_s - clock()
             if left_s <= 0:
                 break
@@ -341,20 +342,36 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
     progress.update(clock(), data["pending_bytes"])
     if args.wait:
         verdict = "drained" if data["drained"] else "timed out"
+        if _only_failed(data):
+            verdict = "only failed objects are left"
         sink.show(progress.line(data["pending_objects"], verdict), final=True)
+    if data.get("failed_objects"):
+        held = int(data.get("held_objects") or 0)
+        behind = f" ({held} commit markers wait behind them)" if held else ""
+        sys.stderr.write(
+            f"gateway drain: {data['failed_objects']} of the pending objects failed "
+            f"permanently{behind} and wait for an operator: `gateway status` shows the last "
+            f"error; fix its cause, then POST {admin.base_url}/admin/v1/flush/retry\n"
+        )
     sys.stdout.write(json.dumps(data) + "\n")
     return EXIT_OK if data["drained"] else EXIT_NOT_DRAINED
 
 
-def _note(admin: AdminClient) -> str:
-    """Why a drain may not progress: the flusher paused, or objects failed."""
-    try:
-        status = admin.status()
-    except AdminError:
-        return ""
+def _only_failed(drain: dict[str, Any]) -> bool:
+    """Nothing is pending but failed objects and the commit markers they hold back:
+    waiting longer cannot drain it."""
+    stuck = int(drain.get("failed_objects") or 0) + int(drain.get("held_objects") or 0)
+    return not drain["drained"] and stuck >= int(drain["pending_objects"])
+
+
+def _note(admin: AdminClient, drain: dict[str, Any]) -> str:
+    """Why a drain may not progress: the flusher paused, or some of its objects failed."""
     notes = []
-    if status.get("flush_state") == "paused":
-        notes.append("flusher paused")
-    if status.get("failed_objects"):
-        notes.append(f"{status['failed_objects']} failed")
+    try:
+        if admin.status().get("flush_state") == "paused":
+            notes.append("flusher paused")
+    except AdminError:
+        pass
+    if drain.get("failed_objects"):
+        notes.append(f"{drain['failed_objects']} failed")
     return ", ".join(notes)

@@ -12,6 +12,7 @@ from gateway import metrics as gm
 from gateway.admin import page
 from gateway.admin.auth import bearer_auth
 from gateway.clock import Clock
+from gateway.flush import stuck
 from gateway.flush.flusher import Flusher
 from gateway.store.journal import Journal
 
@@ -115,17 +116,34 @@ def _float_arg(request: web.Request, name: str, default: float) -> float:
 
 
 async def drain(request: web.Request) -> web.Response:
-    """A fence: is everything acknowledged before this call (under bucket/prefix) durable?"""
+    """A fence: is everything acknowledged before this call (under bucket/prefix) durable?
+
+    ``failed_objects`` says how many of the pending objects failed permanently and
+    ``held_objects`` how many are commit markers held back behind one: they wait for an
+    operator (``POST /admin/v1/flush/retry``), not for time, so a waiting drain returns as
+    soon as nothing else is left, rather than at its timeout."""
     svc = request.app[ADMIN]
     bucket = request.query.get("bucket") or None
     prefix = request.query.get("prefix", "")
     wait = request.query.get("wait", "false").lower() in ("1", "true", "yes")
     timeout_s = _float_arg(request, "timeout", 30.0)
-    fence = svc.journal.last_seq
-    objects, size = await svc.journal.wait_flushed(
-        bucket, prefix, fence, timeout_s if wait else 0.0
+    left = await stuck.wait_movable(
+        svc.journal,
+        svc.flusher.policy,
+        bucket,
+        prefix,
+        svc.journal.last_seq,
+        timeout_s if wait else 0.0,
     )
-    return _json({"drained": objects == 0, "pending_objects": objects, "pending_bytes": size})
+    return _json(
+        {
+            "drained": left.objects == 0,
+            "pending_objects": left.objects,
+            "pending_bytes": left.bytes,
+            "failed_objects": left.failed,
+            "held_objects": left.held,
+        }
+    )
 
 
 async def object_state(request: web.Request) -> web.Response:
