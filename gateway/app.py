@@ -191,9 +191,9 @@ async def _start_upstream(
                 from gateway.upstream import demo
             except ImportError as exc:
                 raise StartupError(
-                    "no --upstream-endpoint given and the embedded demo upstream is not "
-                    f"installed ({exc.name} is missing): pip install 'gateway[demo]', or "
-                    "give --upstream-endpoint"
+                    "no --upstream-endpoint given, and the embedded demo upstream is not "
+                    f"installed ({exc.name} is missing): give --upstream-endpoint, or install "
+                    "the demo extra (make run does; pip install -r requirements/demo.txt)"
                 ) from None
             server = demo.DemoUpstream()
             stack.callback(server.stop)

@@ -80,13 +80,14 @@ def reset_for_demo(data_dir: Path) -> None:
     """Empty a demo data dir (the caller holds its lock). The embedded demo upstream lives
     in memory and starts empty, so anything a journal says is durable there would be a lie:
     a demo starts with an empty data dir too. A data dir that holds data but no demo mark
-    (written with a real upstream) is refused, never emptied."""
+    (written with a real upstream, or by an older version) is refused, never emptied."""
     mark = data_dir / DEMO_MARK
     leftovers = [p for p in data_dir.iterdir() if p.name not in _KEPT]
     if leftovers and not mark.exists():
         raise DataDirError(
-            "it holds data written with a real upstream, and the demo empties its data dir "
-            "at every start: give the demo another --data-dir"
+            "it holds data but no demo mark (written with a real upstream, or by an older "
+            "version), and the demo empties its data dir at every start: give the demo "
+            "another --data-dir, or remove this one"
         )
     for path in leftovers:
         if path.is_dir() and not path.is_symlink():
