@@ -169,8 +169,9 @@ def flush_rate(samples: list[dict[str, Any]], span_s: float = 60.0) -> float | N
 
 
 def format_status(data: dict[str, Any], rate_bytes_per_s: float | None = None) -> str:
-    """The ``gateway status`` table: totals (with the last minute's flush rate, when
-    known, and the ETA it gives), then one row per lane."""
+    """The ``gateway status`` table: totals (with the flush rate and the ETA the gateway
+    measures; ``rate_bytes_per_s``, the last minute's, only for a gateway too old to say),
+    then one row per lane."""
     capacity = data.get("cache_capacity_bytes") or 0
     used = data.get("cache_used_bytes") or 0
     share = f" ({100 * used / capacity:.0f}%)" if capacity else ""
@@ -179,7 +180,7 @@ def format_status(data: dict[str, Any], rate_bytes_per_s: float | None = None) -
         ("pending", f"{data['pending_objects']} objects, {human_bytes(data['pending_bytes'])}"),
         ("flushing", f"{data.get('flushing_objects', 0)} objects"),
         ("flushed", f"{data['flushed_objects']} objects, {human_bytes(data['flushed_bytes'])}"),
-        ("flush rate", _rate_text(rate_bytes_per_s, data["pending_bytes"])),
+        ("flush rate", _rate_text(data, rate_bytes_per_s)),
         ("failed", f"{data['failed_objects']} objects"),
         ("oldest pending", human_duration(data["oldest_pending_seconds"])),
         ("cache", f"{human_bytes(used)} of {human_bytes(capacity)}{share}"),
@@ -209,12 +210,24 @@ def format_status(data: dict[str, Any], rate_bytes_per_s: float | None = None) -
     return "\n".join(out) + "\n"
 
 
-def _rate_text(rate_bytes_per_s: float | None, pending_bytes: int) -> str:
-    if rate_bytes_per_s is None:
-        return "-"
-    text = f"{human_bytes(rate_bytes_per_s)}/s over the last minute"
-    if pending_bytes and rate_bytes_per_s > 0:
-        text += f", ETA {human_duration(pending_bytes / rate_bytes_per_s)}"
+def _rate_text(data: dict[str, Any], minute_rate: float | None) -> str:
+    """``1.2 MiB/s, ETA 4.0s``: the rate of the current drain and the gateway's ETA; no ETA
+    while the flusher is paused or when only failed objects are left."""
+    if "flush_rate_bytes_per_s" in data:
+        rate, eta = data["flush_rate_bytes_per_s"], data.get("eta_seconds")
+        text = "-" if rate is None else f"{human_bytes(rate)}/s"
+    else:  # an older gateway: the last minute's average from its history
+        if minute_rate is None:
+            return "-"
+        text = f"{human_bytes(minute_rate)}/s over the last minute"
+        eta = data["pending_bytes"] / minute_rate if minute_rate > 0 else None
+    pending, failed = int(data["pending_objects"]), int(data.get("failed_objects") or 0)
+    if data.get("flush_state") == "paused":
+        return text + " (flusher paused: no ETA)"
+    if pending and pending <= failed:
+        return text + " (only failed objects are left: no ETA)"
+    if data["pending_bytes"] and eta is not None:
+        text += f", ETA {human_duration(eta)}"
     return text
 
 

@@ -85,6 +85,8 @@ async def status(request: web.Request) -> web.Response:
         if backlog.oldest_acked_s is None
         else max(0.0, svc.clock.wall() - backlog.oldest_acked_s)
     )
+    now = page.sample_of(stats, svc.clock.wall(), svc.flusher.is_paused)
+    rate = page.drain_rate([*request.app[page.HISTORY].history.samples, now])
     return _json(
         {
             "pending_objects": backlog.pending_objects,
@@ -95,6 +97,14 @@ async def status(request: web.Request) -> web.Response:
             "failed_objects": backlog.failed_objects,
             "oldest_pending_seconds": oldest,
             "flush_state": "paused" if svc.flusher.is_paused else "running",
+            # Flushed lately (this backlog, since the last pause, at most a minute), and
+            # the ETA it gives; null while paused or unknown.
+            "flush_rate_bytes_per_s": rate,
+            "eta_seconds": (
+                page.eta_s(backlog.pending_bytes, rate)
+                if backlog.pending_objects > backlog.failed_objects or not backlog.pending_objects
+                else None  # only failed objects are left: they wait for an operator
+            ),
             "cache_used_bytes": stats.cached_bytes,
             "cache_capacity_bytes": svc.capacity_bytes,
             "retries": flusher.retries,
@@ -230,5 +240,5 @@ def build_admin_app(services: AdminServices) -> web.Application:
     app.router.add_post("/admin/v1/flush/retry", flush_retry)
     app.router.add_get("/metrics", metrics)
     # The status page at / and the flush history it charts (issue 6).
-    page.install(app, services.journal, services.clock)
+    page.install(app, services.journal, services.clock, lambda: services.flusher.is_paused)
     return app

@@ -41,7 +41,7 @@ def test_status_table_shows_totals_lanes_and_human_sizes(gateway_factory: Any, b
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     table = {line[:16].strip(): line[16:] for line in lines[:9]}
-    assert table["flush rate"] == "0 B/s over the last minute"  # paused: nothing flushed
+    assert table["flush rate"] == "- (flusher paused: no ETA)"
     assert table["flush state"] == "paused"
     assert table["pending"] == "3 objects, 4.0 MiB"  # 1536 + 3 MiB + 1 MiB
     assert table["failed"] == "0 objects"

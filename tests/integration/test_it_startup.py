@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -190,3 +191,32 @@ def test_a_start_up_failure_leaves_nothing_in_process(tmp_path: Path, listening:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", s3_port))
     datadir.lock(tmp_path / "data").release()
+
+
+def test_stop_and_restart_say_what_is_left_and_what_was_recovered(
+    gateway_factory: Any, bucket: str
+) -> None:
+    gw = gateway_factory()
+    s3 = gw.client()
+    gw.pause_flush()
+    s3.put_object(Bucket=bucket, Key="left/a", Body=b"a" * 1000)
+    s3.put_object(Bucket=bucket, Key="left/b", Body=b"b" * 2000)
+    # Ctrl-C with the flusher paused: no drain is promised, and what is left is said.
+    started = time.monotonic()
+    gw.send_signal(signal.SIGINT)
+    assert gw.wait_exit() == 0
+    assert time.monotonic() - started < 15
+    first_run = gw.log_path.read_text()
+    assert "the flusher is paused, so nothing is drained" in first_run
+    assert "draining" not in first_run
+    assert "exiting with 2 objects (2.9 KiB) not yet flushed" in first_run
+
+    gw.start()
+    restarted = gw.log_path.read_text().split("===== start #2")[1]
+    assert "recovered 2 pending objects (2.9 KiB) from the journal; flushing resumes" in restarted
+    gw.drained(bucket=bucket)
+    gw.send_signal(signal.SIGTERM)
+    assert gw.wait_exit() == 0
+    last_run = gw.log_path.read_text().split("===== start #2")[1]
+    assert "shutting down: refusing new writes; nothing is pending" in last_run
+    assert "exiting: everything acknowledged is durable upstream" in last_run
