@@ -18,10 +18,13 @@ RUN groupadd --system --gid 10001 gateway \
  && useradd --system --uid 10001 --gid gateway --no-create-home \
       --home-dir /var/lib/gateway --shell /usr/sbin/nologin gateway
 
-# Only what the package build needs (.dockerignore keeps tests, venvs and data out).
+# Only what the package build needs (.dockerignore keeps tests, venvs and data out): the
+# runtime's exact pins (requirements/serve.txt: no demo upstream, no test extras), then the
+# package without dependencies.
+COPY requirements/serve.txt /src/requirements/
 COPY pyproject.toml README.md /src/
 COPY gateway /src/gateway
-RUN pip install /src && rm -rf /src \
+RUN pip install -r /src/requirements/serve.txt && pip install --no-deps /src && rm -rf /src \
  && mkdir -p /var/lib/gateway/data && chown -R gateway:gateway /var/lib/gateway
 
 # S3 on every interface of the container. The admin API (it can pause the flusher) stays

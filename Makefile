@@ -1,22 +1,33 @@
-# Two commands: `make run` and `make test`. Both bootstrap their own venv from Python 3.11.
+# Two commands: `make run` and `make test`. Both bootstrap their own venv from Python 3.11
+# and install exact pins from requirements/*.txt (compiled from pyproject.toml's ranges by
+# `make lock`), then the package itself without dependencies.
+#   make run      the runtime + the embedded demo upstream (requirements/demo.txt): no test tools
+#   make clients  the README's clients (boto3, the AWS CLI, s3fs) into the same venv
+#   make test     everything the suite needs (requirements/test.txt); torch is the CPU wheel
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/pip install --quiet
 PYTEST_ARGS ?=
 
-.PHONY: run test lint chart bench clean
+.PHONY: run clients test lint chart bench lock clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	$(PIP) --upgrade pip
 
-run: $(STAMP)
+# One stamp per lock: each is installed once, and again when its lock changes.
+$(VENV)/.installed-%: requirements/%.txt | $(BIN)/python
+	$(PIP) -r $<
+	$(PIP) --no-deps -e .
+	touch $@
+
+run: $(VENV)/.installed-demo
 	$(BIN)/gateway serve $(ARGS)
 
-lint: $(STAMP)
+clients: $(VENV)/.installed-clients
+
+lint: $(VENV)/.installed-test
 	$(BIN)/ruff check gateway tests loadtest
 	$(BIN)/ruff format --check gateway tests loadtest
 	$(BIN)/mypy
@@ -29,12 +40,26 @@ test: lint
 	$(BIN)/pytest -q -ra $(PYTEST_ARGS)
 
 # Just the deployment artefacts: chart lint + render checks, Dockerfile checks.
-chart: $(STAMP)
+chart: $(VENV)/.installed-test
 	$(BIN)/pytest -q -ra tests/deploy
 
-bench: $(STAMP)
+bench: $(VENV)/.installed-test
 	$(BIN)/python loadtest/ack_latency.py
 	$(BIN)/python loadtest/bench.py $(BENCH_ARGS)
 
+# Re-pin requirements/*.txt after a change to pyproject.toml (pip-tools' pip-compile, in its
+# own venv). Existing pins are kept unless UPGRADE=1. test.txt is compiled first and the
+# others within it, so every lock agrees. torch resolves to the local CPU wheel.
+LOCK_VENV := .venv-lock
+COMPILE = CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_VENV)/bin/pip-compile --quiet \
+	--strip-extras --no-emit-index-url --no-emit-find-links $(if $(UPGRADE),--upgrade)
+lock:
+	test -x $(LOCK_VENV)/bin/pip-compile || \
+	  ($(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install --quiet pip-tools==7.6.2)
+	$(COMPILE) --extra demo --extra test --extra clients -o requirements/test.txt pyproject.toml
+	$(COMPILE) -c requirements/test.txt -o requirements/serve.txt pyproject.toml
+	$(COMPILE) --extra demo -c requirements/test.txt -o requirements/demo.txt pyproject.toml
+	$(COMPILE) --extra clients -c requirements/test.txt -o requirements/clients.txt pyproject.toml
+
 clean:
-	rm -rf $(VENV) gateway-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOCK_VENV) gateway-data .pytest_cache .mypy_cache .ruff_cache

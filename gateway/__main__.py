@@ -2,7 +2,8 @@
 ``gateway drain`` in cli.py.
 
 Exit codes: 0 success; 1 admin API unreachable (status, drain) or damage found (verify);
-2 configuration error (serve); 3 drain not finished by its timeout.
+2 configuration error or start-up failure (serve: one line on stderr naming the cause);
+3 drain not finished by its timeout.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.admin.auth import AdminTokenError
     from gateway.app import serve
     from gateway.s3.credentials import CredentialsError
+    from gateway.startup import StartupError
 
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -57,6 +59,9 @@ def _serve(args: argparse.Namespace) -> int:
     except (CredentialsError, AdminTokenError) as exc:
         # Read at start-up, after the flags were parsed: still a configuration error.
         sys.stderr.write(f"gateway: configuration error: {exc}\n")
+        return 2
+    except StartupError as exc:  # everything it had started is undone by now
+        sys.stderr.write(f"gateway: cannot start: {exc}\n")
         return 2
     return 0
 

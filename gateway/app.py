@@ -22,6 +22,7 @@ from aiohttp import web
 
 from gateway.admin.api import AdminServices, build_admin_app
 from gateway.admin.auth import resolve_admin_token
+from gateway.cli import human_bytes
 from gateway.clock import SystemClock
 from gateway.config import Settings
 from gateway.core.attributes import ObjectAttributesService
@@ -32,6 +33,7 @@ from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
 from gateway.errors import S3Error
+from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
 from gateway.flush.flusher import Flusher
 from gateway.flush.lanes import LaneConfig
@@ -39,6 +41,8 @@ from gateway.flush.policy import PolicyConfig
 from gateway.s3.credentials import CredentialStore
 from gateway.s3.dispatch import S3Services
 from gateway.s3.server import HttpLimits, build_s3_runner
+from gateway.startup import StartupError, starting
+from gateway.store import datadir
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.space import CacheSpace
@@ -60,57 +64,75 @@ def _split(host_port: str) -> Endpoint:
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Run the gateway until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    """Run the gateway until ``stop`` is set or SIGTERM/SIGINT arrives.
+
+    Raises ``StartupError`` (one line naming the cause) when it cannot start; whatever was
+    started by then (lock, threads, listeners, tasks) is undone first."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    signals = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    async with contextlib.AsyncExitStack() as stack:
-        await _run(settings, stop, stack)
+            signals.append(sig)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            running = await _start(settings, stack)
+            await stop.wait()
+            await _shutdown(running)
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
-async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncExitStack) -> None:
+@dataclass(slots=True)
+class _Running:
+    """What a started gateway holds that its shutdown acts on, in order."""
+
+    settings: Settings
+    clock: SystemClock
+    journal: Journal
+    flusher: Flusher
+    space: CacheSpace
+    s3: S3Services
+    admin: AdminServices
+    s3_runner: web.AppRunner
+    tasks: list[asyncio.Task[None]]  # flusher, evictor, sweep
+
+
+async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Running:
+    """Build and start everything; each step registers its undoing on ``stack`` first, so
+    a failure at any step leaves nothing behind. Failures become ``StartupError``."""
     clock = SystemClock()
-    endpoint = settings.upstream_endpoint
-    upstream_keys: tuple[str | None, str | None] = (None, None)
+    with starting("reading the TLS certificate and key"):
+        tls = _tls_context(settings)
     static: dict[str, str] = {}
     if settings.access_key is not None and settings.secret_key is not None:
         static[settings.access_key] = settings.secret_key
+    # A bad credentials file or admin token is a configuration error (raised as such).
     credentials: Mapping[str, str] = CredentialStore(static, settings.credentials_file)
     admin_token = resolve_admin_token(
         _split(settings.admin_listen).host, settings.admin_token, settings.admin_token_file
     )
     quiet_secret_loggers()
-    if settings.is_demo:
-        from gateway.upstream.demo import DEMO_UPSTREAM_KEY, DEMO_UPSTREAM_SECRET, DemoUpstream
-
-        demo = DemoUpstream()
-        endpoint = await asyncio.to_thread(demo.start)
-        stack.callback(demo.stop)
-        upstream_keys = (DEMO_UPSTREAM_KEY, DEMO_UPSTREAM_SECRET)
-        credentials = credentials if len(credentials) else {"demo": "demo-secret-key"}
-
-    upstream = AiobotocoreUpstream(
-        endpoint_url=endpoint,
-        region=settings.upstream_region,
-        addressing_style="path" if settings.is_demo else settings.upstream_addressing_style,
-        max_connections=max(16, settings.flush_concurrency * 2),
-        access_key=upstream_keys[0],
-        secret_key=upstream_keys[1],
-    )
-    await upstream.start()
-    stack.push_async_callback(upstream.close)
-
     data_dir = Path(settings.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    with starting(f"data dir {data_dir}"):
+        lock = datadir.lock(data_dir)
+        stack.callback(lock.release)
+        if settings.is_demo:
+            datadir.reset_for_demo(data_dir)
+    endpoint, upstream = await _start_upstream(settings, stack)
+    if settings.is_demo:
+        credentials = credentials if len(credentials) else {"demo": "demo-secret-key"}
     blobs = BlobStore(data_dir, fsync=settings.fsync)
-    await asyncio.to_thread(blobs.open_store)
-    stack.callback(blobs.close)
     journal = Journal(data_dir / "journal.db", fsync=settings.fsync)
-    sweep_before_ns = await asyncio.to_thread(_ctime_mark, data_dir)
-    referenced = await asyncio.to_thread(journal.open)
     stack.callback(journal.close)
+    stack.callback(blobs.close)
+    with starting(f"opening the data dir {data_dir}"):
+        await asyncio.to_thread(blobs.open_store)
+        sweep_before_ns = await asyncio.to_thread(_ctime_mark, data_dir)
+    with starting(f"opening the journal {journal.path}"):
+        referenced = await asyncio.to_thread(journal.open)
     capacity = settings.capacity_bytes or _filesystem_bytes(data_dir)
     space = CacheSpace(
         journal,
@@ -121,12 +143,113 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         low_fraction=settings.cache_low_watermark,
     )
     blobs.on_disk_full = space.on_disk_full
-    await space.refresh()
-
+    with starting(f"reading the journal {journal.path}"):
+        await space.refresh()
+        await _log_recovered(journal)
     if settings.is_demo:
         with contextlib.suppress(S3Error):
             await upstream.create_bucket(settings.demo_bucket, None)
 
+    s3 = _s3_services(settings, clock, journal, blobs, upstream, space, credentials, stack)
+    flusher = _flusher(settings, clock, journal, blobs, upstream)
+    admin = AdminServices(
+        journal=journal, flusher=flusher, clock=clock, capacity_bytes=capacity, token=admin_token
+    )
+    limits = HttpLimits(
+        max_line_bytes=settings.max_line_size_bytes,
+        max_field_bytes=settings.max_header_size_bytes,
+        max_headers=settings.max_headers,
+    )
+    s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0)
+    admin_runner = web.AppRunner(build_admin_app(admin), handle_signals=False, access_log=None)
+    await _listen(s3_runner, settings.listen, tls, stack)
+    await _listen(admin_runner, settings.admin_listen, None, stack)
+
+    # Background work only once the listeners are bound (nothing to undo if they are not).
+    tasks = [
+        asyncio.create_task(flusher.run(), name="flusher"),
+        asyncio.create_task(space.run(), name="evictor"),
+        # Crash leftovers are removed in the background: listing every blob before listening
+        # would delay readiness on a large cache, and files made since the mark are spared.
+        asyncio.create_task(_sweep(blobs, referenced, sweep_before_ns), name="sweep"),
+    ]
+    for task in tasks:
+        stack.push_async_callback(_cancel, task)
+    admin.is_ready = True
+    _announce(settings, endpoint, credentials)
+    return _Running(settings, clock, journal, flusher, space, s3, admin, s3_runner, tasks)
+
+
+async def _start_upstream(
+    settings: Settings, stack: contextlib.AsyncExitStack
+) -> tuple[str | None, AiobotocoreUpstream]:
+    """The upstream client (and the embedded demo upstream without an endpoint)."""
+    endpoint = settings.upstream_endpoint
+    keys: tuple[str | None, str | None] = (None, None)
+    if settings.is_demo:
+        with starting("starting the embedded demo upstream"):
+            try:
+                from gateway.upstream import demo
+            except ImportError as exc:
+                raise StartupError(
+                    "no --upstream-endpoint given, and the embedded demo upstream is not "
+                    f"installed ({exc.name} is missing): give --upstream-endpoint, or install "
+                    "the demo extra (make run does; pip install -r requirements/demo.txt)"
+                ) from None
+            server = demo.DemoUpstream()
+            stack.callback(server.stop)
+            endpoint = await asyncio.to_thread(server.start)
+            keys = (demo.DEMO_UPSTREAM_KEY, demo.DEMO_UPSTREAM_SECRET)
+    upstream = AiobotocoreUpstream(
+        endpoint_url=endpoint,
+        region=settings.upstream_region,
+        addressing_style="path" if settings.is_demo else settings.upstream_addressing_style,
+        max_connections=max(16, settings.flush_concurrency * 2),
+        access_key=keys[0],
+        secret_key=keys[1],
+    )
+    stack.push_async_callback(upstream.close)
+    with starting(f"setting up the upstream client for {endpoint}"):
+        await upstream.start()
+    return endpoint, upstream
+
+
+async def _listen(
+    runner: web.AppRunner,
+    host_port: str,
+    tls: ssl.SSLContext | None,
+    stack: contextlib.AsyncExitStack,
+) -> None:
+    """Set up ``runner`` and bind its listener (undone on ``stack``)."""
+    await runner.setup()
+    stack.push_async_callback(_cleanup, runner)
+    ep = _split(host_port)
+    with starting(f"listening on {host_port}"):
+        await web.TCPSite(runner, ep.host, ep.port, ssl_context=tls, reuse_address=True).start()
+
+
+async def _cleanup(runner: web.AppRunner) -> None:
+    if runner.server is not None:  # not cleaned up by the shutdown already
+        await runner.cleanup()
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel and reap ``task`` (a no-op once it finished, as after a shutdown)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _s3_services(
+    settings: Settings,
+    clock: SystemClock,
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: AiobotocoreUpstream,
+    space: CacheSpace,
+    credentials: Mapping[str, str],
+    stack: contextlib.AsyncExitStack,
+) -> S3Services:
     buckets = BucketService(journal, blobs, upstream, clock)
     uploads = UploadJournal(journal)
     multipart = MultipartService(
@@ -149,7 +272,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         space=space,
     )
     stack.push_async_callback(object_service.fills.close)
-    s3 = S3Services(
+    return S3Services(
         objects=object_service,
         buckets=buckets,
         listing=ListingService(journal, upstream),
@@ -175,7 +298,16 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         max_header_bytes=settings.max_header_size_bytes,
         max_xml_body_bytes=settings.max_xml_body_bytes,
     )
-    flusher = Flusher(
+
+
+def _flusher(
+    settings: Settings,
+    clock: SystemClock,
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: AiobotocoreUpstream,
+) -> Flusher:
+    return Flusher(
         journal,
         blobs,
         upstream,
@@ -201,62 +333,63 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         bandwidth_burst_bytes=settings.flush_bandwidth_burst_bytes,
         multipart_threshold_bytes=settings.multipart_threshold_bytes,
     )
-    flusher_task = asyncio.create_task(flusher.run(), name="flusher")
-    evictor_task = asyncio.create_task(space.run(), name="evictor")
-    admin = AdminServices(
-        journal=journal, flusher=flusher, clock=clock, capacity_bytes=capacity, token=admin_token
-    )
 
-    limits = HttpLimits(
-        max_line_bytes=settings.max_line_size_bytes,
-        max_field_bytes=settings.max_header_size_bytes,
-        max_headers=settings.max_headers,
-    )
-    s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0)
-    admin_runner = web.AppRunner(build_admin_app(admin), handle_signals=False, access_log=None)
-    await s3_runner.setup()
-    await admin_runner.setup()
-    stack.push_async_callback(admin_runner.cleanup)
-    s3_ep, admin_ep = _split(settings.listen), _split(settings.admin_listen)
-    tls = _tls_context(settings)
-    await web.TCPSite(
-        s3_runner, s3_ep.host, s3_ep.port, ssl_context=tls, reuse_address=True
-    ).start()
-    await web.TCPSite(admin_runner, admin_ep.host, admin_ep.port, reuse_address=True).start()
-    admin.is_ready = True
-    _announce(settings, endpoint, credentials)
-    # Crash leftovers are removed in the background: listing every blob before listening
-    # would delay readiness on a large cache, and files made since the mark are spared.
-    sweeper = asyncio.create_task(_sweep(blobs, referenced, sweep_before_ns), name="sweep")
 
-    await stop.wait()
-    log.info(
-        "shutting down: refusing new writes, draining for up to %.0fs",
-        settings.shutdown_drain_timeout_s,
-    )
-    admin.is_ready = False
+async def _shutdown(gw: _Running) -> None:
+    """SIGTERM/SIGINT: readiness fails, new writes get 503 SlowDown, flushing goes on until
+    everything that can move is durable or the deadline passes, then everything stops."""
+    settings, journal, flusher = gw.settings, gw.journal, gw.flusher
+    deadline_s = settings.shutdown_drain_timeout_s
+    objects, size = await journal.unflushed(None, "", journal.last_seq)
+    if flusher.is_paused:
+        log.info("shutting down: refusing new writes; the flusher is paused, so nothing is drained")
+    elif objects:
+        log.info(
+            "shutting down: refusing new writes, draining %d objects (%s) for up to %.0fs",
+            objects,
+            human_bytes(size),
+            deadline_s,
+        )
+    else:
+        log.info("shutting down: refusing new writes; nothing is pending")
+    gw.admin.is_ready = False
     # The S3 listener stays up while draining: reads keep working and new writes get
     # 503 SlowDown (retryable: a client retries against the next gateway or after restart)
     # rather than a refused connection.
-    s3.is_accepting_writes = False
-    started = clock.monotonic()
+    gw.s3.is_accepting_writes = False
+    started = gw.clock.monotonic()
     if not flusher.is_paused:
-        await journal.wait_flushed(
-            None, "", journal.last_seq, settings.shutdown_drain_timeout_s, skip_failed=True
-        )
-    left_s = settings.shutdown_drain_timeout_s - (clock.monotonic() - started)
+        # Failed objects, and markers held behind them, wait for an operator, not for time.
+        await stuck.wait_movable(journal, flusher.policy, None, "", journal.last_seq, deadline_s)
+    left_s = deadline_s - (gw.clock.monotonic() - started)
     await flusher.stop(max(0.0, left_s))
-    await flusher_task
-    await s3_runner.cleanup()  # waits for requests in flight (writes admitted before)
-    space.stop()
-    await evictor_task
-    await sweeper
-    objects, size = await journal.unflushed(None, "", journal.last_seq)
-    if objects:
+    await gw.tasks[0]
+    await gw.s3_runner.cleanup()  # waits for requests in flight (writes admitted before)
+    gw.space.stop()
+    await asyncio.gather(*gw.tasks[1:])
+    left = await stuck.unflushed(journal, flusher.policy, None, "", journal.last_seq)
+    if left.objects:
         log.warning(
-            "exiting with %d objects (%d bytes) not yet flushed; they resume at the next start",
-            objects,
-            size,
+            "exiting with %d objects (%s) not yet flushed%s; they are safe on disk and "
+            "resume at the next start",
+            left.objects,
+            human_bytes(left.bytes),
+            f", {left.failed} of them failed" if left.failed else "",
+        )
+    else:
+        log.info("exiting: everything acknowledged is durable upstream")
+
+
+async def _log_recovered(journal: Journal) -> None:
+    """Say at start what an earlier run left to flush (and what failed)."""
+    backlog = (await journal.stats()).backlog
+    if backlog.pending_objects:
+        failed = f", {backlog.failed_objects} of them failed" if backlog.failed_objects else ""
+        log.info(
+            "recovered %d pending objects (%s) from the journal%s; flushing resumes",
+            backlog.pending_objects,
+            human_bytes(backlog.pending_bytes),
+            failed,
         )
 
 
@@ -315,7 +448,8 @@ def _announce(settings: Settings, upstream: str | None, credentials: Mapping[str
             "=" * 72,
             "DEMO MODE: no --upstream-endpoint given, so the upstream is an embedded,",
             f"in-memory S3 server at {upstream} (bucket '{settings.demo_bucket}').",
-            "Everything flushed there is LOST when the gateway exits.",
+            "Everything flushed there is LOST when the gateway exits, so the demo data",
+            f"dir ({settings.data_dir}) was emptied at this start: it starts empty too.",
             f"  endpoint_url      = {s3}",
             f"  access key id     = {key}",
             f"  secret access key = {secret}",

@@ -6,7 +6,8 @@ from a Kubernetes preStop hook. Exit codes (scripts and the Helm chart rely on t
 - 0: ``status`` printed; ``drain`` found everything drained.
 - 1: the admin API could not be reached (or answered an HTTP error).
 - 3: ``drain`` gave up: something was still pending when ``--timeout`` passed
-  (or, without ``--wait``, at the moment of the call).
+  (or, without ``--wait``, at the moment of the call), or nothing but failed objects was
+  left (they wait for an operator's retry, not for time).
 """
 
 from __future__ import annotations
@@ -168,8 +169,9 @@ def flush_rate(samples: list[dict[str, Any]], span_s: float = 60.0) -> float | N
 
 
 def format_status(data: dict[str, Any], rate_bytes_per_s: float | None = None) -> str:
-    """The ``gateway status`` table: totals (with the last minute's flush rate, when
-    known, and the ETA it gives), then one row per lane."""
+    """The ``gateway status`` table: totals (with the flush rate and the ETA the gateway
+    measures; ``rate_bytes_per_s``, the last minute's, only for a gateway too old to say),
+    then one row per lane."""
     capacity = data.get("cache_capacity_bytes") or 0
     used = data.get("cache_used_bytes") or 0
     share = f" ({100 * used / capacity:.0f}%)" if capacity else ""
@@ -178,7 +180,7 @@ def format_status(data: dict[str, Any], rate_bytes_per_s: float | None = None) -
         ("pending", f"{data['pending_objects']} objects, {human_bytes(data['pending_bytes'])}"),
         ("flushing", f"{data.get('flushing_objects', 0)} objects"),
         ("flushed", f"{data['flushed_objects']} objects, {human_bytes(data['flushed_bytes'])}"),
-        ("flush rate", _rate_text(rate_bytes_per_s, data["pending_bytes"])),
+        ("flush rate", _rate_text(data, rate_bytes_per_s)),
         ("failed", f"{data['failed_objects']} objects"),
         ("oldest pending", human_duration(data["oldest_pending_seconds"])),
         ("cache", f"{human_bytes(used)} of {human_bytes(capacity)}{share}"),
@@ -208,12 +210,24 @@ def format_status(data: dict[str, Any], rate_bytes_per_s: float | None = None) -
     return "\n".join(out) + "\n"
 
 
-def _rate_text(rate_bytes_per_s: float | None, pending_bytes: int) -> str:
-    if rate_bytes_per_s is None:
-        return "-"
-    text = f"{human_bytes(rate_bytes_per_s)}/s over the last minute"
-    if pending_bytes and rate_bytes_per_s > 0:
-        text += f", ETA {human_duration(pending_bytes / rate_bytes_per_s)}"
+def _rate_text(data: dict[str, Any], minute_rate: float | None) -> str:
+    """``1.2 MiB/s, ETA 4.0s``: the rate of the current drain and the gateway's ETA; no ETA
+    while the flusher is paused or when only failed objects are left."""
+    if "flush_rate_bytes_per_s" in data:
+        rate, eta = data["flush_rate_bytes_per_s"], data.get("eta_seconds")
+        text = "-" if rate is None else f"{human_bytes(rate)}/s"
+    else:  # an older gateway: the last minute's average from its history
+        if minute_rate is None:
+            return "-"
+        text = f"{human_bytes(minute_rate)}/s over the last minute"
+        eta = data["pending_bytes"] / minute_rate if minute_rate > 0 else None
+    pending, failed = int(data["pending_objects"]), int(data.get("failed_objects") or 0)
+    if data.get("flush_state") == "paused":
+        return text + " (flusher paused: no ETA)"
+    if pending and pending <= failed:
+        return text + " (only failed objects are left: no ETA)"
+    if data["pending_bytes"] and eta is not None:
+        text += f", ETA {human_duration(eta)}"
     return text
 
 
@@ -328,9 +342,9 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
     deadline_s = progress.started_s + max(0.0, args.timeout)
     try:
         data = admin.drain(args.bucket, args.prefix, 0.0)
-        while args.wait and not data["drained"]:
+        while args.wait and not data["drained"] and not _only_failed(data):
             progress.update(clock(), data["pending_bytes"])
-            sink.show(progress.line(data["pending_objects"], _note(admin)))
+            sink.show(progress.line(data["pending_objects"], _note(admin, data)))
             left_s = deadline_s - clock()
             if left_s <= 0:
                 break
@@ -341,20 +355,36 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
     progress.update(clock(), data["pending_bytes"])
     if args.wait:
         verdict = "drained" if data["drained"] else "timed out"
+        if _only_failed(data):
+            verdict = "only failed objects are left"
         sink.show(progress.line(data["pending_objects"], verdict), final=True)
+    if data.get("failed_objects"):
+        held = int(data.get("held_objects") or 0)
+        behind = f" ({held} commit markers wait behind them)" if held else ""
+        sys.stderr.write(
+            f"gateway drain: {data['failed_objects']} of the pending objects failed "
+            f"permanently{behind} and wait for an operator: `gateway status` shows the last "
+            f"error; fix its cause, then POST {admin.base_url}/admin/v1/flush/retry\n"
+        )
     sys.stdout.write(json.dumps(data) + "\n")
     return EXIT_OK if data["drained"] else EXIT_NOT_DRAINED
 
 
-def _note(admin: AdminClient) -> str:
-    """Why a drain may not progress: the flusher paused, or objects failed."""
-    try:
-        status = admin.status()
-    except AdminError:
-        return ""
+def _only_failed(drain: dict[str, Any]) -> bool:
+    """Nothing is pending but failed objects and the commit markers they hold back:
+    waiting longer cannot drain it."""
+    stuck = int(drain.get("failed_objects") or 0) + int(drain.get("held_objects") or 0)
+    return not drain["drained"] and stuck >= int(drain["pending_objects"])
+
+
+def _note(admin: AdminClient, drain: dict[str, Any]) -> str:
+    """Why a drain may not progress: the flusher paused, or some of its objects failed."""
     notes = []
-    if status.get("flush_state") == "paused":
-        notes.append("flusher paused")
-    if status.get("failed_objects"):
-        notes.append(f"{status['failed_objects']} failed")
+    try:
+        if admin.status().get("flush_state") == "paused":
+            notes.append("flusher paused")
+    except AdminError:
+        pass
+    if drain.get("failed_objects"):
+        notes.append(f"{drain['failed_objects']} failed")
     return ", ".join(notes)

@@ -11,6 +11,7 @@ import argparse
 import ipaddress
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +57,20 @@ def _patterns(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 def _host_port(value: str) -> str:
     _, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"expected HOST:PORT, got {value!r}")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"expected HOST:PORT (port 0-65535), got {value!r}")
+    return value
+
+
+def _endpoint_url(value: str) -> str:
+    """An upstream endpoint: ``http(s)://host[:port][/path]``."""
+    try:
+        url = urllib.parse.urlsplit(value)
+        is_port_zero = url.port == 0  # .port raises ValueError: not a number, out of range
+    except ValueError as exc:
+        raise ConfigError(f"not an endpoint URL: {value!r} ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.hostname or is_port_zero:
+        raise ConfigError(f"expected http(s)://HOST[:PORT], got {value!r}")
     return value
 
 
@@ -184,7 +197,10 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "listen": (_host_port, "S3 listener HOST:PORT"),
     "admin_listen": (_host_port, "admin listener HOST:PORT"),
     "data_dir": (Path, "directory for bodies and the journal (local NVMe)"),
-    "upstream_endpoint": (str, "real S3 endpoint URL; omit for the embedded demo upstream"),
+    "upstream_endpoint": (
+        _endpoint_url,
+        "real S3 endpoint URL; omit for the embedded demo upstream",
+    ),
     "upstream_region": (str, "upstream region"),
     "upstream_addressing_style": (_choice("auto", "path", "virtual"), "upstream addressing style"),
     "access_key": (str, "client access key id"),
@@ -303,6 +319,8 @@ def _validate(settings: Settings) -> None:
         )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise ConfigError("tls-cert and tls-key go together")
+    if settings.listen == settings.admin_listen:
+        raise ConfigError(f"listen and admin-listen are the same address ({settings.listen})")
     if settings.flush_concurrency < 1:
         raise ConfigError("flush-concurrency must be at least 1")
     if settings.lane_concurrency < 1:
@@ -324,7 +342,7 @@ def _validate_limits(settings: Settings) -> None:
         raise ConfigError("max-headers must be at least 16")
     if settings.max_xml_body_bytes < 1 * KiB:
         raise ConfigError("max-xml-body must be at least 1KiB")
-    for name in ("credentials_file", "admin_token_file"):
+    for name in ("credentials_file", "admin_token_file", "tls_cert", "tls_key"):
         path = getattr(settings, name)
         if path is not None and not path.exists():
             raise ConfigError(f"{flag_name(name)}: {path} does not exist")

@@ -12,6 +12,7 @@ from gateway import metrics as gm
 from gateway.admin import page
 from gateway.admin.auth import bearer_auth
 from gateway.clock import Clock
+from gateway.flush import stuck
 from gateway.flush.flusher import Flusher
 from gateway.store.journal import Journal
 
@@ -84,6 +85,8 @@ async def status(request: web.Request) -> web.Response:
         if backlog.oldest_acked_s is None
         else max(0.0, svc.clock.wall() - backlog.oldest_acked_s)
     )
+    now = page.sample_of(stats, svc.clock.wall(), svc.flusher.is_paused)
+    rate = page.drain_rate([*request.app[page.HISTORY].history.samples, now])
     return _json(
         {
             "pending_objects": backlog.pending_objects,
@@ -94,6 +97,14 @@ async def status(request: web.Request) -> web.Response:
             "failed_objects": backlog.failed_objects,
             "oldest_pending_seconds": oldest,
             "flush_state": "paused" if svc.flusher.is_paused else "running",
+            # Flushed lately (this backlog, since the last pause, at most a minute), and
+            # the ETA it gives; null while paused or unknown.
+            "flush_rate_bytes_per_s": rate,
+            "eta_seconds": (
+                page.eta_s(backlog.pending_bytes, rate)
+                if backlog.pending_objects > backlog.failed_objects or not backlog.pending_objects
+                else None  # only failed objects are left: they wait for an operator
+            ),
             "cache_used_bytes": stats.cached_bytes,
             "cache_capacity_bytes": svc.capacity_bytes,
             "retries": flusher.retries,
@@ -115,17 +126,34 @@ def _float_arg(request: web.Request, name: str, default: float) -> float:
 
 
 async def drain(request: web.Request) -> web.Response:
-    """A fence: is everything acknowledged before this call (under bucket/prefix) durable?"""
+    """A fence: is everything acknowledged before this call (under bucket/prefix) durable?
+
+    ``failed_objects`` says how many of the pending objects failed permanently and
+    ``held_objects`` how many are commit markers held back behind one: they wait for an
+    operator (``POST /admin/v1/flush/retry``), not for time, so a waiting drain returns as
+    soon as nothing else is left, rather than at its timeout."""
     svc = request.app[ADMIN]
     bucket = request.query.get("bucket") or None
     prefix = request.query.get("prefix", "")
     wait = request.query.get("wait", "false").lower() in ("1", "true", "yes")
     timeout_s = _float_arg(request, "timeout", 30.0)
-    fence = svc.journal.last_seq
-    objects, size = await svc.journal.wait_flushed(
-        bucket, prefix, fence, timeout_s if wait else 0.0
+    left = await stuck.wait_movable(
+        svc.journal,
+        svc.flusher.policy,
+        bucket,
+        prefix,
+        svc.journal.last_seq,
+        timeout_s if wait else 0.0,
     )
-    return _json({"drained": objects == 0, "pending_objects": objects, "pending_bytes": size})
+    return _json(
+        {
+            "drained": left.objects == 0,
+            "pending_objects": left.objects,
+            "pending_bytes": left.bytes,
+            "failed_objects": left.failed,
+            "held_objects": left.held,
+        }
+    )
 
 
 async def object_state(request: web.Request) -> web.Response:
@@ -212,5 +240,5 @@ def build_admin_app(services: AdminServices) -> web.Application:
     app.router.add_post("/admin/v1/flush/retry", flush_retry)
     app.router.add_get("/metrics", metrics)
     # The status page at / and the flush history it charts (issue 6).
-    page.install(app, services.journal, services.clock)
+    page.install(app, services.journal, services.clock, lambda: services.flusher.is_paused)
     return app

@@ -14,18 +14,22 @@ import collections
 import contextlib
 import importlib.resources
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from gateway.clock import Clock
-from gateway.store.journal import Journal
+from gateway.store.journal import Journal, Stats
 
 log = logging.getLogger(__name__)
 
 SAMPLE_EVERY_S = 2.0
 HISTORY_S = 15 * 60.0
+# The drain rate behind an ETA looks back at most this far, and never past the start of the
+# current backlog or the last moment the flusher was paused: a one-minute average of a
+# drain that began four seconds ago (mostly idle time) gave ETAs a hundred times too long.
+RATE_SPAN_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,7 @@ class Sample:
     flushed_objects: int
     pending_bytes: int
     pending_objects: int
+    is_paused: bool = False  # the flusher was paused at that instant
 
     def as_json(self) -> dict[str, float | int]:
         return {
@@ -61,34 +66,72 @@ class FlushHistory:
             self.samples.popleft()
 
 
+def drain_rate(samples: Sequence[Sample]) -> float | None:
+    """Bytes/s flushed lately, for an ETA: from the newest sample back over the current
+    drain only, i.e. to the first sample of the current backlog (after the last one with
+    nothing pending) or of the current run of the flusher (after the last one taken
+    paused), and at most ``RATE_SPAN_S``. (When the newest sample follows such a boundary
+    at once, the boundary itself is the start.) None without two samples apart in time, or
+    when the newest one was taken paused."""
+    if not samples or samples[-1].is_paused:
+        return None
+    last = samples[-1]
+    first: Sample | None = None
+    for sample in reversed(samples[:-1]):
+        if last.at_s - sample.at_s > RATE_SPAN_S:
+            break
+        if sample.pending_bytes == 0 or sample.is_paused:
+            first = first or sample
+            break
+        first = sample
+    if first is None or last.at_s <= first.at_s:
+        return None
+    return max(0.0, (last.flushed_bytes - first.flushed_bytes) / (last.at_s - first.at_s))
+
+
+def eta_s(pending_bytes: int, rate_bytes_per_s: float | None) -> float | None:
+    """Seconds until ``pending_bytes`` are flushed at that rate (0 when nothing is
+    pending; None when the rate is unknown, zero, or the flusher is paused)."""
+    if pending_bytes == 0:
+        return 0.0
+    if not rate_bytes_per_s:
+        return None
+    return pending_bytes / rate_bytes_per_s
+
+
 @dataclass(slots=True)
 class HistorySource:
     """What the sampler reads, and the ring it fills."""
 
     journal: Journal
     clock: Clock
+    is_paused: Callable[[], bool] = lambda: False
     history: FlushHistory = field(default_factory=FlushHistory)
 
 
 HISTORY = web.AppKey("flush_history", HistorySource)
 
 
-async def take_sample(journal: Journal, clock: Clock) -> Sample:
-    stats = await journal.stats()
+def sample_of(stats: Stats, at_s: float, is_paused: bool) -> Sample:
     return Sample(
-        at_s=clock.wall(),
+        at_s=at_s,
         flushed_bytes=stats.flushed_bytes,
         flushed_objects=stats.flushed_objects,
         pending_bytes=stats.backlog.pending_bytes,
         pending_objects=stats.backlog.pending_objects,
+        is_paused=is_paused,
     )
+
+
+async def take_sample(src: HistorySource) -> Sample:
+    return sample_of(await src.journal.stats(), src.clock.wall(), src.is_paused())
 
 
 async def _sample_forever(app: web.Application) -> None:
     while True:
         try:
             src = app[HISTORY]
-            src.history.add(await take_sample(src.journal, src.clock))
+            src.history.add(await take_sample(src))
         except Exception:  # the worker loop: one bad sample must not end the history
             log.exception("flush history sample failed")
         await asyncio.sleep(SAMPLE_EVERY_S)
@@ -108,7 +151,7 @@ async def history(request: web.Request) -> web.Response:
     flushed_objects, pending_bytes, pending_objects}, ...]}``, oldest first, with a fresh
     sample of this instant appended (not stored) so the last point is always current."""
     src = request.app[HISTORY]
-    now = await take_sample(src.journal, src.clock)
+    now = await take_sample(src)
     samples = [s.as_json() for s in src.history.samples] + [now.as_json()]
     return web.json_response({"interval_seconds": SAMPLE_EVERY_S, "samples": samples})
 
@@ -127,9 +170,11 @@ async def status_page(request: web.Request) -> web.Response:
     )
 
 
-def install(app: web.Application, journal: Journal, clock: Clock) -> None:
+def install(
+    app: web.Application, journal: Journal, clock: Clock, is_paused: Callable[[], bool]
+) -> None:
     """Add the page, the history endpoint and the sampler to the admin app."""
-    app[HISTORY] = HistorySource(journal, clock)
+    app[HISTORY] = HistorySource(journal, clock, is_paused)
     app.cleanup_ctx.append(history_sampler)
     app.router.add_get("/", status_page)
     app.router.add_get("/admin/v1/history", history)

@@ -1,7 +1,8 @@
 """Ingest: stream a request body to a new blob and check it against what the client promised.
 
 Shared by PutObject and UploadPart so both verify exactly the same way. On any failure the
-blob is removed before the error propagates: nothing half-written is ever referenced.
+blob is removed before the error propagates: nothing half-written is ever referenced. A body
+with no declared length grows its capacity reservation as it is written.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+from collections.abc import AsyncIterator
 
 from gateway.checksums import b64
 from gateway.errors import (
@@ -21,6 +23,7 @@ from gateway.errors import (
 )
 from gateway.models import PutRequest, RequestBody
 from gateway.store.blobs import BlobStore, WrittenBlob
+from gateway.store.space import Grant, current_grant
 
 MAX_KEY_BYTES = 1024
 
@@ -34,13 +37,26 @@ async def ingest(
         algorithms.add(req.trailer_checksum)
     if req.payload_sha256:
         algorithms.add("sha256")
-    blob = await blobs.write(body.chunks(), algorithms, max_bytes=max_bytes)
+    chunks = body.chunks()
+    grant = current_grant()
+    if req.content_length is None and grant is not None:
+        chunks = _reserved_as_written(chunks, grant)
+    blob = await blobs.write(chunks, algorithms, max_bytes=max_bytes)
     try:
         _verify(req, body, blob)
     except BaseException:
         await asyncio.shield(blobs.discard([blob.blob_id]))
         raise
     return blob, _checksums(req, blob)
+
+
+async def _reserved_as_written(chunks: AsyncIterator[bytes], grant: Grant) -> AsyncIterator[bytes]:
+    """A body with no declared length (HTTP chunked): each piece's capacity is reserved
+    before it is written, so such writes are held to ``--capacity`` like any other; a piece
+    that does not fit ends the write with SlowDown (the partial blob is removed)."""
+    async for piece in chunks:
+        await grant.grow(len(piece))
+        yield piece
 
 
 def validate_key(key: str) -> None:

@@ -39,7 +39,16 @@ from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.verify import md5_of_file
-from gateway.upstream.classify import Corrupt, Fatal, FlushError, Retryable, Throttled
+from gateway.upstream.classify import (
+    Corrupt,
+    Fatal,
+    FlushError,
+    Retryable,
+    Throttled,
+    for_flush,
+    printable,
+    unsendable,
+)
 from gateway.upstream.client import PartSource, RequestRunner, Upstream
 
 log = logging.getLogger(__name__)
@@ -244,19 +253,28 @@ class Flusher:
             self._journal.pending_event.set()  # the lane has room again
 
     async def _flush(self, obj: LocalObject, lane: Lane) -> None:
+        """Upload one version and record the outcome. MUST NOT raise (but CancelledError):
+        whatever the row holds, it ends durable, back to pending (transient failure) or
+        failed with its error; never stranded in ``flushing``."""
         try:
+            reason = None if obj.is_delete else unsendable(obj.meta)
+            if reason is not None:
+                raise Fatal(reason)
             await self._upload(obj, lane)
         except _Superseded:
             return
-        except FlushError as exc:
-            await self._on_failure(obj, lane, exc)
-            return
-        except Exception as exc:  # a bug below us must not strand the row in 'flushing'
-            log.exception("unexpected error flushing %s/%s", obj.meta.bucket, obj.meta.key)
-            await self._on_failure(obj, lane, Retryable(f"unexpected {type(exc).__name__}: {exc}"))
+        except Exception as exc:  # the worker loop: every failure is recorded, none escapes
+            if not isinstance(exc, FlushError):  # raised here, not by the upstream client
+                log.exception("error flushing %s", _name(obj))
+            await self._on_failure(obj, lane, for_flush(exc))
             return
         self._uploads_ok += 1
-        if await self._journal.mark_durable(obj):
+        try:
+            is_recorded = await self._journal.mark_durable(obj)
+        except Exception:  # the upload stands; the row is flushed again after a restart
+            log.exception("could not record the flush of %s", _name(obj))
+            return
+        if is_recorded:
             metrics.FLUSH_OBJECTS.inc()
             metrics.FLUSH_BYTES.inc(obj.meta.size_bytes)
         log.debug("flushed %s/%s seq=%d", obj.meta.bucket, obj.meta.key, obj.seq)
@@ -410,29 +428,40 @@ class Flusher:
                 lane.on_throttle(self._clock.monotonic(), exc.retry_after_s)
 
     async def _on_failure(self, obj: LocalObject, lane: Lane, exc: FlushError) -> None:
-        self._last_error = f"{obj.meta.bucket}/{obj.meta.key}: {exc}"
-        if isinstance(exc, Fatal):
-            self._uploads_failed += 1
-            metrics.FLUSH_FAILURES.inc()
-            if isinstance(exc, Corrupt):
-                metrics.CORRUPT_BLOBS.inc()
-            log.error("flush of %s/%s failed permanently: %s", obj.meta.bucket, obj.meta.key, exc)
-            await self._journal.mark_failed(obj, str(exc))
-            return
-        self._note_transient(lane, exc)
-        # A throttle is paced by the lane's (cut) rate: the row's own backoff does not grow
-        # with its attempts too, or a lane's last rows would idle for seconds at its end.
-        tries = 0 if isinstance(exc, Throttled) else obj.attempts
-        delay = self._backoff.delay_s(tries, exc.retry_after_s)
-        log.warning(
-            "flush of %s/%s failed (try %d), retrying in %.2fs: %s",
-            obj.meta.bucket,
-            obj.meta.key,
-            obj.attempts + 1,
-            delay,
-            exc,
-        )
-        await self._journal.retry_later(obj, str(exc), self._clock.wall() + delay)
+        """Record a failed try: ``failed`` with its error when retrying cannot cure it, else
+        back to pending after a backoff. Never raises (but CancelledError): a journal that
+        cannot record it is logged, and the row is recovered at the next start."""
+        error = printable(str(exc))
+        self._last_error = f"{_name(obj)}: {error}"
+        try:
+            if isinstance(exc, Fatal):
+                self._uploads_failed += 1
+                metrics.FLUSH_FAILURES.inc()
+                if isinstance(exc, Corrupt):
+                    metrics.CORRUPT_BLOBS.inc()
+                log.error("flush of %s failed permanently: %s", _name(obj), error)
+                await self._journal.mark_failed(obj, error)
+                return
+            self._note_transient(lane, exc)
+            # A throttle is paced by the lane's (cut) rate: the row's own backoff does not
+            # grow with its attempts too, or a lane's last rows would idle for seconds.
+            tries = 0 if isinstance(exc, Throttled) else obj.attempts
+            delay = self._backoff.delay_s(tries, exc.retry_after_s)
+            log.warning(
+                "flush of %s failed (try %d), retrying in %.2fs: %s",
+                _name(obj),
+                obj.attempts + 1,
+                delay,
+                error,
+            )
+            await self._journal.retry_later(obj, error, self._clock.wall() + delay)
+        except Exception:
+            log.exception("could not record the failed flush of %s", _name(obj))
+
+
+def _name(obj: LocalObject) -> str:
+    """``bucket/key`` of a row, printable whatever the key holds."""
+    return printable(f"{obj.meta.bucket}/{obj.meta.key}")
 
 
 async def _require_md5(body: BinaryIO, md5_hex: str) -> None:

@@ -5,6 +5,10 @@ Format: the Combined Log Format, then ``key=value`` fields::
     127.0.0.1 - - [23/Nov/2026:22:40:00 +0000] "PUT /bkt/key?partNumber=1 HTTP/1.1" 200 0
     "-" "Boto3/1.43" rid=9F2C... op=UploadPart in=5242880 ms=3.1
 
+``in=`` is the request body bytes received (with or without a Content-Length). A request
+whose client closed the connection early ends with `` abort=client``: its status is the one
+sent (499 if none was) and its bytes are the body bytes sent before the client left.
+
 The user field is always ``-``, and the values of presigned-URL parameters
 (``X-Amz-Signature``, ``X-Amz-Credential``, ``X-Amz-Security-Token``) are replaced by
 ``REDACTED``; no header is logged except Referer and User-Agent. With the JSON log format
@@ -23,6 +27,7 @@ from aiohttp.typedefs import Handler
 
 from gateway import logs
 from gateway.s3.dispatch import OPERATION
+from gateway.s3.middleware import CLIENT_ABORTED, body_bytes_sent
 
 log = logging.getLogger(logs.ACCESS_LOGGER)
 
@@ -48,7 +53,10 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
 def _body_bytes(request: web.Request, response: web.StreamResponse) -> int:
     """Response body bytes, as CLF's ``%b`` means them: the Content-Length when there is one
     (aiohttp's ``body_length`` also counts the status line and headers), else what a
-    chunked response wrote; none for HEAD, 204 and 304."""
+    chunked response wrote; none for HEAD, 204 and 304; what was written before the client
+    left for a client abort."""
+    if request.get(CLIENT_ABORTED):
+        return body_bytes_sent(request)
     if request.method == "HEAD" or response.status in (204, 304):
         return 0
     if response.content_length is not None:
@@ -68,13 +76,15 @@ def _log(
         "target": target,
         "status": status,
         "bytes_out": sent,
-        "bytes_in": request.content_length or 0,
+        # Received, not declared: uploads without Content-Length (HTTP chunked) count too.
+        "bytes_in": request.content.total_bytes,
         "request_id": request.get("request_id", "-"),
         "operation": type(op).__name__ if op is not None else "-",
         "duration_ms": round(took_s * 1000, 3),
+        "client_aborted": bool(request.get(CLIENT_ABORTED)),
     }
     log.info(
-        '%s - - [%s] "%s %s HTTP/%d.%d" %d %d "%s" "%s" rid=%s op=%s in=%d ms=%.1f',
+        '%s - - [%s] "%s %s HTTP/%d.%d" %d %d "%s" "%s" rid=%s op=%s in=%d ms=%.1f%s',
         fields["remote"],
         started.strftime("%d/%b/%Y:%H:%M:%S +0000"),
         request.method,
@@ -89,6 +99,7 @@ def _log(
         fields["operation"],
         fields["bytes_in"],
         fields["duration_ms"],
+        " abort=client" if fields["client_aborted"] else "",
         extra={"access": fields, "request_id": fields["request_id"]},
     )
 

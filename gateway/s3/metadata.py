@@ -82,6 +82,10 @@ def stored_headers(headers: Mapping[str, str]) -> dict[str, str]:
     the object): ``deflate, gzip`` stays ``deflate, gzip``, ``gzip, aws-chunked`` is
     ``gzip``, and ``aws-chunked`` alone stores no Content-Encoding."""
     stored = {name: header_text(headers[name]) for name in STORED_HEADERS if name in headers}
+    if not stored.get("expires", "x").strip():
+        # An empty Expires is no date at all: kept, it would be answered as ``Expires:``,
+        # which botocore cannot parse (every GET/HEAD of the object raises in boto3).
+        del stored["expires"]
     if "content-encoding" in stored:
         kept = without_aws_chunked(stored.pop("content-encoding"))
         if kept:

@@ -419,7 +419,7 @@ class Journal:
             conn.execute(
                 "UPDATE objects SET state = 'failed', last_error = ? "
                 "WHERE bucket = ? AND key = ? AND seq = ?",
-                (error, *ident),
+                (storable(error), *ident),
             )
             return []
 
@@ -571,7 +571,7 @@ class Journal:
             lambda c: c.execute(
                 "UPDATE objects SET state = 'pending', attempts = attempts + 1, last_error = ?, "
                 "not_before_s = ? WHERE bucket = ? AND key = ? AND seq = ?",
-                (error, not_before_s, obj.meta.bucket, obj.meta.key, obj.seq),
+                (storable(error), not_before_s, obj.meta.bucket, obj.meta.key, obj.seq),
             )
         )
         self.pending_event.set()
@@ -583,7 +583,7 @@ class Journal:
             lambda c: c.execute(
                 "UPDATE objects SET state = 'failed', attempts = attempts + 1, last_error = ? "
                 "WHERE bucket = ? AND key = ? AND seq = ?",
-                (error, obj.meta.bucket, obj.meta.key, obj.seq),
+                (storable(error), obj.meta.bucket, obj.meta.key, obj.seq),
             )
         )
         await self._notify()
@@ -847,6 +847,13 @@ def _row(r: tuple[Any, ...]) -> LocalObject:
         acked_s=acked_s,
         flushed_before=bool(flushed_before),
     )
+
+
+def storable(error: str) -> str:
+    """An error text SQLite can store whatever it holds: sqlite3 encodes text as UTF-8 and
+    raises on a lone surrogate (undecodable request bytes), which would fail the recording
+    of the error itself; such characters become backslash escapes."""
+    return error.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _with_state(obj: LocalObject, state: FlushState) -> LocalObject:

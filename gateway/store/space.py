@@ -11,7 +11,10 @@ Local bytes come in three kinds (sums of ``size_bytes`` in the journal):
 Admission: a new write of ``n`` bytes is refused with ``503 SlowDown`` when
 ``unflushed + parts + reserved + n > capacity``, where ``reserved`` counts writes admitted
 and still streaming (reserved by Content-Length before the body is read, released when the
-request ends). Durable bytes never refuse a write: they are evicted to make room.
+request ends). A write whose length is not known up front (HTTP chunked, no decoded length)
+is admitted with 0 and grows its reservation piece by piece as it writes
+(``Grant.grow``), refused the same way the moment a piece would not fit. Durable bytes
+never refuse a write: they are evicted to make room.
 
 The figures are a journal snapshot plus what was committed since (an over-estimate: frees
 are only seen at the next snapshot), so an admission decision is never too generous; a write
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import sqlite3
@@ -79,13 +83,21 @@ def read_figures(conn: sqlite3.Connection) -> SpaceFigures:
 
 
 class Grant:
-    """An admitted write's reservation. ``commit()`` once its row is committed."""
+    """An admitted write's reservation. ``grow()`` as bytes of a length not known up front
+    arrive; ``commit()`` once its row is committed."""
 
     def __init__(self, space: CacheSpace, size_bytes: int) -> None:
         self._space = space
         self.size_bytes = size_bytes
         self.committed_bytes = 0
         self.is_committed = False
+
+    async def grow(self, size_bytes: int) -> None:
+        """Reserve ``size_bytes`` more before writing them: raises SlowDown (and reserves
+        nothing) when they do not fit. Released with the rest when the admission ends."""
+        await self._space.require_room(size_bytes)
+        self.size_bytes += size_bytes
+        self._space.reserve(size_bytes)
 
     def commit(self, size_bytes: int) -> None:
         """The row is committed with ``size_bytes`` of new body (may differ from the
@@ -136,6 +148,22 @@ class CacheSpace:
         block's duration. The caller calls ``grant.commit()`` once the journal row is
         committed; the bytes then count as committed until the next snapshot."""
         size_bytes = max(0, size_bytes)
+        await self.require_room(size_bytes)
+        grant = Grant(self, size_bytes)
+        self._reserved_bytes += size_bytes
+        token = _GRANT.set(grant)
+        try:
+            yield grant
+        finally:
+            _GRANT.reset(token)
+            self._reserved_bytes -= grant.size_bytes  # grown as the write went, if it did
+            if grant.is_committed:
+                self._committed_since_bytes += grant.committed_bytes
+                if self.estimated_used_bytes() > self.high_bytes:
+                    self._wake.set()
+
+    async def require_room(self, size_bytes: int) -> None:
+        """Raise SlowDown unless ``size_bytes`` more fit (on fresh figures before refusing)."""
         if not self._fits(size_bytes):
             await self.refresh()
             if not self._fits(size_bytes):
@@ -144,16 +172,10 @@ class CacheSpace:
                     "The gateway's local cache is full of data not yet flushed upstream; "
                     "retry shortly."
                 )
-        grant = Grant(self, size_bytes)
+
+    def reserve(self, size_bytes: int) -> None:
+        """Count ``size_bytes`` more as reserved (``Grant.grow``, after ``require_room``)."""
         self._reserved_bytes += size_bytes
-        try:
-            yield grant
-        finally:
-            self._reserved_bytes -= size_bytes
-            if grant.is_committed:
-                self._committed_since_bytes += grant.committed_bytes
-                if self.estimated_used_bytes() > self.high_bytes:
-                    self._wake.set()
 
     def _fits(self, size_bytes: int) -> bool:
         pinned = self._snapshot.pinned_bytes + self._committed_since_bytes + self._reserved_bytes
@@ -303,6 +325,16 @@ class CacheSpace:
             log.info("evicted %d bytes of flushed objects from the local cache", freed)
             await self.refresh()
         return freed
+
+
+# The reservation of the write running in this task: set by ``CacheSpace.admit`` for its
+# block, so the ingest of a body with no declared length can grow it (``current_grant``).
+_GRANT: contextvars.ContextVar[Grant | None] = contextvars.ContextVar("grant", default=None)
+
+
+def current_grant() -> Grant | None:
+    """The capacity reservation of the admitted write running in this task, if any."""
+    return _GRANT.get()
 
 
 _Victim = tuple[str, str, int, int, str | None, str | None]

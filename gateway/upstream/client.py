@@ -546,7 +546,13 @@ def _object_params(meta: ObjectMeta) -> dict[str, Any]:
 
 
 def _raw_headers(meta: ObjectMeta) -> tuple[tuple[str, str], ...]:
-    return tuple((h, meta.headers[n]) for n, h in _RAW_HEADER_NAMES.items() if n in meta.headers)
+    """The raw stored headers to send; an empty value (kept by a gateway that did not drop
+    it at ingest) is not sent: stored upstream, it would break every boto3 GET of it."""
+    return tuple(
+        (h, meta.headers[n])
+        for n, h in _RAW_HEADER_NAMES.items()
+        if meta.headers.get(n, "").strip()
+    )
 
 
 def _add_raw_headers(params: dict[str, Any], **kwargs: Any) -> None:

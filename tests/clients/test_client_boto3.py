@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import io
 import ssl
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -364,3 +365,26 @@ def test_https_is_really_tls(tls_gateway: GatewayProcess, tls_ca: Any, bucket: s
     finally:
         conn.close()
     assert status in (None, 400)  # a TLS server cannot answer a cleartext request with data
+
+
+def test_access_log_counts_a_tls_upload_without_content_length(
+    tls_gateway: GatewayProcess, tls_ca: Any, bucket: str
+) -> None:
+    """boto3 over https streams aws-chunked with a checksum trailer and no Content-Length:
+    the access log's ``in=`` is the bytes received (it said 0)."""
+    s3 = s3_client(
+        f"https://127.0.0.1:{tls_gateway.port}",
+        access_key=tls_gateway.access_key,
+        secret_key=tls_gateway.secret_key,
+        verify=tls_ca.ca_path,
+    )
+    body = b"t" * 200_000
+    response = s3.put_object(Bucket=bucket, Key="tls/in-bytes", Body=io.BytesIO(body))
+    sent = response["ResponseMetadata"]["RequestId"]
+    deadline = time.monotonic() + 20
+    line = ""
+    while not line and time.monotonic() < deadline:
+        line = next((x for x in tls_gateway.log_path.read_text().splitlines() if sent in x), "")
+    assert " op=PutObject " in line, tls_gateway.log_tail()
+    received = int(line.split(" in=")[1].split()[0])
+    assert received >= len(body)  # the aws-chunked framing and trailer on top of the body

@@ -61,14 +61,18 @@ def test_runs_as_a_non_root_user() -> None:
     assert "chown -R gateway:gateway /var/lib/gateway" in runs
 
 
-def test_installs_the_package_without_test_extras() -> None:
+def test_installs_the_runtime_lock_and_the_package_without_extras() -> None:
+    """The runtime's exact pins (requirements/serve.txt: no demo upstream, no test tools),
+    then the package itself with no dependencies of its own choosing."""
     runs = " ".join(args_of("RUN"))
-    install = re.search(r"pip install ([^&]+)", runs)
-    assert install, "the package is not pip-installed"
-    assert "[test]" not in install.group(1) and "-e " not in install.group(1)
+    installs = re.findall(r"pip install ([^&]+)", runs)
+    assert [i.split() for i in installs] == [
+        ["-r", "/src/requirements/serve.txt"],
+        ["--no-deps", "/src"],
+    ]
     copied = [shlex.split(c)[:-1] for c in args_of("COPY")]
     sources = {src for srcs in copied for src in srcs if not src.startswith("--")}
-    assert sources == {"pyproject.toml", "README.md", "gateway"}
+    assert sources == {"requirements/serve.txt", "pyproject.toml", "README.md", "gateway"}
     for src in sources:
         assert (ROOT / src).exists()
 
@@ -124,11 +128,18 @@ def test_dockerignore_keeps_only_build_inputs() -> None:
                 result = not negate
         return result
 
-    for path in (".venv/bin/python", "tests/harness.py", "gateway-data/journal.db", ".git/HEAD"):
+    for path in (
+        ".venv/bin/python",
+        "tests/harness.py",
+        "gateway-data/journal.db",
+        ".git/HEAD",
+        "requirements/test.txt",
+    ):
         assert ignored(path), path
     for path in (
         "pyproject.toml",
         "README.md",
+        "requirements/serve.txt",
         "gateway/app.py",
         "gateway/admin/static/status.html",
     ):

@@ -4,6 +4,7 @@ upstream), status and metrics figures, and a real ENOSPC on a small tmpfs data d
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import subprocess
 import time
@@ -18,9 +19,11 @@ from harness import (
     error_status,
     flush_state,
     http_request,
+    parse_s3_error,
     payload,
     quoted_md5,
     read_body,
+    sign_request,
     upstream_objects,
 )
 
@@ -192,3 +195,53 @@ def test_disk_full_is_slowdown_and_recovers(
             "full/third",
         ]
         gw.stop()
+
+
+def _chunked_put(gw: Any, bucket: str, key: str, body: bytes) -> tuple[int, bytes]:
+    """PUT with HTTP chunked transfer coding and no length anywhere (no Content-Length, no
+    x-amz-decoded-content-length). (status, body); status 0 if the gateway closed first."""
+    url = f"{gw.endpoint}/{bucket}/{key}"
+    signed = sign_request("PUT", url, content_sha256="UNSIGNED-PAYLOAD")
+    headers = {k: v for k, v in signed.headers.items() if k.lower() != "content-length"}
+    pieces = [body[i : i + 64 * KiB] for i in range(0, len(body), 64 * KiB)]
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=30)
+    try:
+        with contextlib.suppress(OSError):  # the answer may come before the whole body
+            conn.request("PUT", f"/{bucket}/{key}", iter(pieces), headers, encode_chunked=True)
+        try:
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException):
+            return 0, b""
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_a_write_without_a_length_reserves_what_it_writes(
+    gateway_factory: Any, upstream: Any, bucket: str
+) -> None:
+    gw = gateway_factory(extra_args=["--capacity", str(1 * MiB)])
+    first, second = payload(700 * KiB, seed="first"), payload(700 * KiB, seed="second")
+    with gw.flush_paused():
+        assert _chunked_put(gw, bucket, "nolen/first", first)[0] == 200
+        # 700 KiB unflushed + 700 KiB more would pass the 1 MiB capacity: refused as it is
+        # written (it reserved 0 bytes and was accepted), nothing of it visible or kept.
+        status, answer = _chunked_put(gw, bucket, "nolen/second", second)
+        assert status in (503, 0), (status, answer[:300])
+        if status == 503:
+            assert parse_s3_error(answer)["Code"] == "SlowDown"
+        assert not _is_local(gw, bucket, "nolen/second")
+        assert list((gw.data_dir / "tmp").iterdir()) == []
+        assert gw.status()["pending_bytes"] == len(first)
+        # One body larger than the whole capacity is refused too.
+        assert _chunked_put(gw, bucket, "nolen/huge", payload(2 * MiB, seed="huge"))[0] in (
+            503,
+            0,
+        )
+        assert _metric(gw, "gateway_capacity_refusals") >= 2
+    gw.drained(bucket=bucket)
+    # Once the first is flushed (evictable), the second fits.
+    assert _chunked_put(gw, bucket, "nolen/second", second)[0] == 200
+    gw.drained(bucket=bucket)
+    assert read_body(upstream.get_object(Bucket=bucket, Key="nolen/second")) == second
+    assert read_body(upstream.get_object(Bucket=bucket, Key="nolen/first")) == first

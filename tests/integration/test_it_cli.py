@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from harness import REPO_ROOT, payload, quoted_md5
@@ -40,7 +41,7 @@ def test_status_table_shows_totals_lanes_and_human_sizes(gateway_factory: Any, b
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     table = {line[:16].strip(): line[16:] for line in lines[:9]}
-    assert table["flush rate"] == "0 B/s over the last minute"  # paused: nothing flushed
+    assert table["flush rate"] == "- (flusher paused: no ETA)"
     assert table["flush state"] == "paused"
     assert table["pending"] == "3 objects, 4.0 MiB"  # 1536 + 3 MiB + 1 MiB
     assert table["failed"] == "0 objects"
@@ -74,6 +75,8 @@ def test_drain_times_out_with_exit_3_and_plain_progress(gateway_factory: Any, bu
         "drained": False,
         "pending_objects": 1,
         "pending_bytes": len(body),
+        "failed_objects": 0,
+        "held_objects": 0,
     }
     # Not a TTY: plain lines, no carriage returns; the first and the verdict at least.
     progress = proc.stderr.splitlines()
@@ -120,6 +123,40 @@ def test_drain_without_wait_answers_at_once(gateway_factory: Any, bucket: str) -
     assert proc.returncode == 3
     assert json.loads(proc.stdout)["pending_bytes"] == 5
     assert proc.stderr == ""  # progress only with --wait
+
+
+def test_drain_stops_waiting_when_only_failed_objects_are_left(
+    gateway_factory: Any, upstream: Any, bucket: str
+) -> None:
+    gw = gateway_factory()
+    s3 = gw.client()
+    with gw.flush_paused():
+        s3.put_object(Bucket=bucket, Key="ckpt/step_1/shard", Body=b"shard")
+        s3.put_object(Bucket=bucket, Key="ckpt/step_1/.metadata", Body=b"marker")
+        upstream.delete_bucket(Bucket=bucket)  # NoSuchBucket: retrying cannot cure it
+    started = time.monotonic()
+    proc = _cli("drain", "--admin", gw.admin, "--bucket", bucket, "--wait", "--timeout", "120")
+    assert time.monotonic() - started < 60, "waited for what only an operator can unstick"
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout) == {
+        "drained": False,
+        "pending_objects": 2,
+        "pending_bytes": len(b"shard") + len(b"marker"),
+        "failed_objects": 1,  # the shard
+        "held_objects": 1,  # the marker, held back behind it (never uploaded without it)
+    }
+    assert "(only failed objects are left)" in proc.stderr
+    assert "1 of the pending objects failed permanently (1 commit markers" in proc.stderr
+    assert f"POST {gw.admin}/admin/v1/flush/retry" in proc.stderr
+
+    # The operator fixes the cause and retries: the same command then drains.
+    upstream.create_bucket(Bucket=bucket)
+    gw.admin_post("/admin/v1/flush/retry")
+    proc = _cli("drain", "--admin", gw.admin, "--bucket", bucket, "--wait", "--timeout", "60")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert upstream.get_object(Bucket=bucket, Key="ckpt/step_1/.metadata")["Body"].read() == (
+        b"marker"
+    )
 
 
 def test_unreachable_admin_exits_1_without_traceback() -> None:

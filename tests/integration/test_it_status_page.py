@@ -100,7 +100,8 @@ def test_status_page_shows_live_pending_lanes_and_failures(
     assert _text_of(dom, "failed-objects") == "1"
     assert 'class="value bad" id="failed-objects"' in dom
     assert _text_of(dom, "flush-state") == "flusher paused"
-    assert _text_of(dom, "eta") == "paused"
+    assert _text_of(dom, "eta") == "paused: no ETA"
+    assert _text_of(dom, "rate") == "-"
     assert _text_of(dom, "error") == ""
     lanes = re.findall(r'<tr class="lane">(.*?)</tr>', dom)
     cells = [re.findall(r"<td[^>]*>([^<]*)", row) for row in lanes]
@@ -190,14 +191,15 @@ def test_status_page_shows_the_flush_rate_after_flushing(
     gw = busy_gateway
     gw.resume_flush()
     gw.drained(bucket=bucket)
-    # Paused again: a SIGTERM drain would otherwise wait out its timeout for the failed one.
-    gw.pause_flush()
     dom = _run_chromium(gw.admin + "/", tmp_path, "--dump-dom").stdout
     assert _text_of(dom, "flushed-bytes") == "976.6 KiB"
     assert _text_of(dom, "flushed-objects") == "2 objects"
     assert _text_of(dom, "pending-objects") == "1 objects (0 flushing)"  # the failed one
-    assert _text_of(dom, "flush-state") == "flusher paused"
+    assert _text_of(dom, "flush-state") == "flusher running"
+    # The rate of the current drain (since the resume: 0 B/s once a sample was taken after
+    # it ended), not a minute's average; and no ETA for what only an operator can unstick.
     rate = _text_of(dom, "rate")
-    assert rate.endswith("/s") and not rate.startswith("0 B"), rate
+    assert rate.endswith("/s"), rate
+    assert _text_of(dom, "eta") == "only failed objects left"
     # The chart's scale is the highest per-interval rate: non-zero once bytes flushed.
     assert _text_of(dom, "chart-max") not in ("-", "1 B/s")

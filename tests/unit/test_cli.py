@@ -69,13 +69,14 @@ def _status(**over: object) -> dict[str, object]:
 
 
 def test_format_status_totals_and_lane_rows() -> None:
-    lines = cli.format_status(_status(), rate_bytes_per_s=float(1 << 30)).splitlines()
+    doc = _status(flush_rate_bytes_per_s=float(1 << 30), eta_seconds=3.0)
+    lines = cli.format_status(doc).splitlines()
     assert lines[:11] == [
         "flush state     running",
         "pending         3 objects, 3.0 GiB",
         "flushing        1 objects",
         "flushed         10 objects, 2.0 KiB",
-        "flush rate      1.0 GiB/s over the last minute, ETA 3.0s",
+        "flush rate      1.0 GiB/s, ETA 3.0s",
         "failed          2 objects",
         "oldest pending  1m15s",
         "cache           1.0 GiB of 4.0 GiB (25%)",
@@ -90,6 +91,27 @@ def test_format_status_totals_and_lane_rows() -> None:
     # Numbers are right-aligned under their header.
     header, row = lines[11], lines[12]
     assert header.index("bytes") + len("bytes") == row.index("GiB") + len("GiB")
+
+
+@pytest.mark.parametrize(
+    ("over", "text"),
+    [
+        ({"flush_state": "paused", "flush_rate_bytes_per_s": None}, "- (flusher paused: no ETA)"),
+        ({"pending_objects": 2, "failed_objects": 2, "eta_seconds": None},
+         "1.0 KiB/s (only failed objects are left: no ETA)"),
+        ({"pending_objects": 0, "pending_bytes": 0, "eta_seconds": 0.0}, "1.0 KiB/s"),
+    ],
+)  # fmt: skip
+def test_format_status_gives_no_eta_when_none_can_be_given(
+    over: dict[str, object], text: str
+) -> None:
+    doc = _status(flush_rate_bytes_per_s=1024.0, eta_seconds=9.0)
+    assert f"flush rate      {text}\n" in cli.format_status({**doc, **over})
+
+
+def test_format_status_of_an_older_gateway_uses_the_last_minute() -> None:
+    text = cli.format_status(_status(), rate_bytes_per_s=float(1 << 30))
+    assert "flush rate      1.0 GiB/s over the last minute, ETA 3.0s\n" in text
 
 
 def test_flush_rate_over_the_last_minute() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import random
 import time
@@ -457,6 +458,45 @@ async def test_flusher_missing_blob_is_fatal(
     assert failed is not None and failed.last_error is not None
     assert "No such file or directory" in failed.last_error
     assert upstream.log == []
+
+
+async def test_flusher_records_any_exception_as_failed_and_keeps_going(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    # Not a FlushError, and its text cannot be encoded as UTF-8 (a lone surrogate): it was
+    # retried for ever, or recording it raised inside the flush task (row stuck flushing).
+    upstream.fail_puts(ValueError("refused caf\udce9"), key="bad")
+    flusher = _flusher(journal, blobs, upstream)
+    async with _running(flusher) as task:
+        await _write(journal, blobs, "bad", b"one")
+        await _state_is(journal, "bad", FlushState.FAILED)
+        await _write(journal, blobs, "good", b"two")
+        await _state_is(journal, "good", FlushState.DURABLE)
+        assert not task.done()
+
+    row = await journal.get(BUCKET, "bad")
+    assert row is not None and row.attempts == 1
+    assert row.last_error is not None and "caf\\udce9" in row.last_error
+    assert flusher.status().uploads_failed == 1
+    assert upstream.body(BUCKET, "good") == b"two"
+
+
+async def test_flusher_fails_unsendable_headers_without_sending(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    flusher = _flusher(journal, blobs, upstream)
+    flusher.pause()
+    async with _running(flusher):
+        row = await _write(journal, blobs, "latin1", b"body")
+        meta = dataclasses.replace(row.meta, user_metadata={"a": "caf\udce9"})
+        await journal.commit_put(meta, row.blob_id or "", acked_s=time.time())
+        flusher.resume()
+        await _state_is(journal, "latin1", FlushState.FAILED)
+
+    failed = await journal.get(BUCKET, "latin1")
+    assert failed is not None and failed.last_error is not None
+    assert "x-amz-meta-a value 'caf\\udce9'" in failed.last_error
+    assert upstream.ops("put") == []
 
 
 # -- pause and resume -----------------------------------------------------------------------

@@ -88,3 +88,8 @@ def test_metadata_stored_headers_keep_expires_verbatim() -> None:
 def test_metadata_content_type_default_and_encoding() -> None:
     assert content_type({}) == "binary/octet-stream"
     assert content_type({"Content-Type": _aiohttp(b"text/\xe9")}) == "=?UTF-8?B?dGV4dC/DqQ==?="
+
+
+def test_stored_headers_drop_an_empty_expires() -> None:
+    assert stored_headers({"expires": "  ", "cache-control": ""}) == {"cache-control": ""}
+    assert stored_headers({"expires": "garbage"}) == {"expires": "garbage"}

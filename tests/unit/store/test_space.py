@@ -16,7 +16,7 @@ from gateway.errors import SlowDown
 from gateway.models import FlushState, ObjectMeta
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import CLAIM, Journal, QueueEntry, QueueView, Verdict
-from gateway.store.space import CacheSpace
+from gateway.store.space import CacheSpace, current_grant
 from gateway.store.uploads import Part, UploadJournal
 from gateway.store.verify import verify_data_dir
 
@@ -103,6 +103,25 @@ async def test_space_admits_until_unflushed_bytes_reach_capacity(env: Env) -> No
         with pytest.raises(SlowDown):
             async with env.space.admit(200):
                 pass
+
+
+async def test_space_grows_a_reservation_as_an_unknown_length_is_written(env: Env) -> None:
+    await env.space.refresh()
+    async with env.space.admit(0) as grant:
+        assert current_grant() is grant
+        await grant.grow(600)
+        await grant.grow(300)
+        # What it wrote so far counts against other writes ...
+        with pytest.raises(SlowDown):
+            async with env.space.admit(101):
+                pass
+        # ... and a piece that does not fit is refused, reserving nothing.
+        with pytest.raises(SlowDown):
+            await grant.grow(101)
+        assert grant.size_bytes == 900
+    assert current_grant() is None
+    async with env.space.admit(1000):  # released with the admission
+        pass
 
 
 async def test_space_durable_bytes_never_refuse_a_write(env: Env) -> None:

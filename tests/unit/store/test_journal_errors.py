@@ -1,0 +1,56 @@
+"""Recording a flush error never raises, whatever the error's text holds (a lone surrogate
+from undecodable request bytes made sqlite3 raise UnicodeEncodeError inside the flush task,
+leaving the row ``flushing`` with no error)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.models import FlushState, ObjectMeta
+from gateway.store.journal import CLAIM, Journal, QueueEntry, QueueView, Verdict
+
+HOSTILE_ERRORS = ["caf\udce9", "\udcff\udcfe", "nul\x00byte", "\ud800 alone", "x" * 100_000]
+
+
+class _AdmitAll:
+    def decide(self, entry: QueueEntry, now_s: float, view: QueueView) -> Verdict:
+        return CLAIM
+
+
+@pytest.fixture
+async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
+    j = Journal(tmp_path / "j.db", fsync=False)
+    j.open()
+    yield j
+    j.close()
+
+
+async def _claimed(journal: Journal, key: str) -> None:
+    meta = ObjectMeta(bucket="b", key=key, size_bytes=1, etag="e", last_modified_s=1.0)
+    await journal.commit_put(meta, f"blob-{key}", 1.0)
+
+
+@pytest.mark.parametrize("error", HOSTILE_ERRORS)
+async def test_journal_records_any_error_text(journal: Journal, error: str) -> None:
+    await _claimed(journal, "retried")
+    await _claimed(journal, "failed")
+    retried, failed = (await journal.claim(10, 10.0, _AdmitAll())).objects
+    await journal.retry_later(retried, error, not_before_s=1e12)
+    await journal.mark_failed(failed, error)
+    await _claimed(journal, "corrupt")
+    [corrupt] = (await journal.claim(10, 10.0, _AdmitAll())).objects
+    assert corrupt.meta.key == "corrupt"
+    assert await journal.mark_corrupt(corrupt, error) == []
+
+    expected = error.encode("utf-8", "backslashreplace").decode("utf-8")
+    for key, state in [
+        ("retried", FlushState.PENDING),
+        ("failed", FlushState.FAILED),
+        ("corrupt", FlushState.FAILED),
+    ]:
+        row = await journal.get("b", key)
+        assert row is not None and row.state is state
+        assert row.last_error == expected
