@@ -32,6 +32,7 @@ from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
 from gateway.errors import S3Error
 from gateway.flush.backoff import Backoff
+from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
 from gateway.flush.lanes import LaneConfig
 from gateway.flush.policy import PolicyConfig
@@ -191,6 +192,9 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
             min_rate_per_s=settings.lane_min_rate,
             bandwidth_bytes_per_s=settings.lane_bandwidth_bytes,
             concurrency=settings.lane_concurrency,
+        ),
+        flow=RateConfig(
+            initial_per_s=settings.flush_initial_rate, floor_per_s=settings.flush_min_rate
         ),
         rate_per_s=settings.flush_rate,
         rate_burst=settings.flush_rate_burst,
