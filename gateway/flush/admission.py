@@ -169,13 +169,8 @@ class BucketBudget:
 
     # -- outcomes ----------------------------------------------------------------------
 
-    def on_send(self, lane: Lane, sent_s: float) -> None:
-        lane.sends.add(sent_s)
-        self.rate.on_send(sent_s)
-        if lane.isolation is not None:
-            lane.isolation.on_send(sent_s)
-
     def on_success(self, lane: Lane, sent_s: float, now_s: float) -> None:
+        lane.answers.add(now_s, True)
         if lane.isolation is not None:
             lane.isolation.on_success(sent_s, now_s)
             lane.repace(now_s)
@@ -185,6 +180,7 @@ class BucketBudget:
         """A request of ``lane`` sent at ``sent_s`` was throttled: cut the lane's own rate
         if it has one, isolate it if it is the one lane S3 keeps refusing (see the module
         docstring), else cut the bucket's budget (once per congestion event)."""
+        lane.answers.add(now_s, False)
         if lane.isolation is not None:
             if lane.isolation.on_throttle(sent_s, now_s):
                 lane.repace(now_s, drain=True)
@@ -201,8 +197,7 @@ class BucketBudget:
             self.rate.forget_limit()
             return
         if self.rate.on_throttle(sent_s, now_s):
-            self._pacer.follow(self.rate.rate_per_s, now_s)
-            self._pacer.drain(now_s)
+            self._pacer.follow(self.rate.rate_per_s, now_s, cut=True)
 
     def _isolates(self, lane: Lane) -> bool:
         recent = self._recent

@@ -13,7 +13,7 @@ and CUBIC (RFC 8312):
   new event; one sent before belongs to the same event and changes nothing (a burst of
   503s answers a burst of requests: one signal, as a window's losses are in TCP). The rate
   drops to ``beta`` times ``w_max``, the rate the upstream was accepting (acceptances per
-  second lately, never more than what was sent): slow start overshoots before the first
+  second lately, never more than the rate allowed): slow start overshoots before the first
   503 comes back, and what got through is the figure of the limit, not what was sent.
 - **Recovery and probing (CUBIC).** After a cut the rate climbs back to ``w_max`` along a
   cubic: quickly while far below it, flat near it, reaching it ``recovery_s`` after a
@@ -42,30 +42,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-_SEND_WINDOW_S = 1.0  # sends counted for the measured send rate (at least _MIN_SENDS)
-_MIN_SENDS = 4
 _ANSWER_WINDOW_S = 3.0  # answers counted for the accepted rate (at least _MIN_ANSWERS)
 _MIN_ANSWERS = 8
 _ACCELERATE = 1.2  # a probe this far over w_max without a throttle: slow start again
-
-
-class SendRate:
-    """Requests sent per second lately: over the last second, or over the last few sends
-    when they are further apart (0 before two sends)."""
-
-    def __init__(self) -> None:
-        self._sends: deque[float] = deque(maxlen=4096)
-
-    def add(self, sent_s: float) -> None:
-        self._sends.append(sent_s)
-
-    def per_s(self, now_s: float) -> float:
-        sends = self._sends
-        while len(sends) > _MIN_SENDS and sends[0] < now_s - _SEND_WINDOW_S:
-            sends.popleft()
-        if len(sends) < 2:
-            return 0.0
-        return len(sends) / max(now_s - sends[0], 1e-3)
 
 
 class Answers:
@@ -83,6 +62,7 @@ class Answers:
         self._accepted += accepted
 
     def accepted_per_s(self, now_s: float) -> float:
+        """What the upstream let through lately (0.0 before any answer)."""
         answers = self._answers
         while len(answers) > _MIN_ANSWERS and answers[0][0] < now_s - _ANSWER_WINDOW_S:
             self._accepted -= answers.popleft()[1]
@@ -109,8 +89,8 @@ class RateConfig:
 class AdaptiveRate:
     """One shared request budget's rate. Every method takes the time it happens at.
 
-    The owner MUST report each request it sends (``on_send``) and each answer
-    (``on_success``/``on_throttle``, with the time the request was sent), and call
+    The owner MUST report each answer (``on_success``/``on_throttle``, with the time the
+    request was sent), and call
     ``tick(now, binding)`` whenever it consults ``rate_per_s``: ``binding`` says whether
     the budget holds work back from now on (growth counts only such time).
     """
@@ -127,7 +107,6 @@ class AdaptiveRate:
         self._binding = False
         self._last_cut_s = -math.inf
         self._recovered_s = -math.inf  # send time of the first acceptance since the last cut
-        self._sends = SendRate()
         self._answers = Answers()
 
     @property
@@ -152,9 +131,6 @@ class AdaptiveRate:
         self._binding = binding
         return self._rate
 
-    def on_send(self, sent_s: float) -> None:
-        self._sends.add(sent_s)
-
     def on_success(self, sent_s: float, now_s: float) -> None:
         """A request sent at ``sent_s`` was accepted."""
         self._answers.add(now_s, True)
@@ -177,13 +153,11 @@ class AdaptiveRate:
         self._answers.add(now_s, False)
         if self.event_of(sent_s) == self.events:
             return False  # sent before the last cut: the same congestion event
-        measured = self._sends.per_s(now_s)
-        sent_at = min(self._rate, measured) if measured > 0 else self._rate
         accepted = self._answers.accepted_per_s(now_s)
         beta, floor = self.config.beta, self.config.floor_per_s
         self.events += 1
         if self._recovered_s < math.inf or self.w_max_per_s is None:
-            w_max = max(min(sent_at, accepted) if accepted > 0 else sent_at, floor)
+            w_max = max(min(self._rate, accepted) if accepted > 0 else self._rate, floor)
             if self.w_max_per_s is not None and w_max < self.w_max_per_s:
                 w_max *= (1 + beta) / 2  # fast convergence: give way to the others
             self._ssthresh = 0.0
@@ -191,7 +165,7 @@ class AdaptiveRate:
         else:
             if accepted == 0:  # nothing got through lately: an outage, not a lower limit
                 self._ssthresh = self.w_max_per_s
-            self._start_epoch(now_s, self.w_max_per_s, beta * sent_at)
+            self._start_epoch(now_s, self.w_max_per_s, beta * self._rate)
         return True
 
     def forget_limit(self) -> None:

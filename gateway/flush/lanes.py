@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from gateway.flush.admission import BucketBudget, BudgetStatus
-from gateway.flush.control import AdaptiveRate, RateConfig, SendRate
+from gateway.flush.control import AdaptiveRate, Answers, RateConfig
 from gateway.flush.ratelimit import Pacer, TokenBucket
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Lane:
         self.last_used_s = now_s
         self.last_throttle_s: float | None = None
         self.isolation: AdaptiveRate | None = None
-        self.sends = SendRate()
+        self.answers = Answers()  # its own, to start an isolated rate from
         self.heap_key: tuple[float, int, int] | None = None  # its entry in the bucket's heap
         self._waiting: list[tuple[int, int, Ticket]] = []
         self._hard_cap = TokenBucket(config.rate_per_s, max(config.rate_per_s, 1.0), now_s)
@@ -167,18 +167,18 @@ class Lane:
 
     def isolate(self, rate: RateConfig, sent_s: float, now_s: float) -> None:
         """S3 throttles this prefix on its own: from now on the lane is paced by a rate of
-        its own, started from what it was sending and cut for this throttle."""
+        its own, started from what S3 accepted of it lately and cut for this throttle."""
         floor = min(self.config.min_rate_per_s, rate.floor_per_s)
         ceiling = min(rate.ceiling_per_s, self.config.rate_per_s)
         config = dataclasses.replace(rate, floor_per_s=floor, ceiling_per_s=ceiling)
-        sending = max(self.sends.per_s(now_s), floor)
+        sending = max(self.answers.accepted_per_s(now_s), floor)
         self.isolation = AdaptiveRate(config, now_s, w_max_per_s=sending)
         self.isolation.on_throttle(sent_s, now_s)
         own = self.isolation.rate_per_s
         self._isolation_pacer = Pacer(own, now_s)
         self._isolation_pacer.follow(own, now_s, cut=True)
         log.info(
-            "lane %s/%s is throttled on its own: paced at %.3f/s (was sending %.3f/s)",
+            "lane %s/%s is throttled on its own: paced at %.3f/s (%.3f/s got through)",
             self.bucket,
             self.prefix,
             own,
@@ -292,9 +292,9 @@ class Lanes:
         return granted, next_s
 
     def on_sent(self, ticket: Ticket, sent_s: float) -> None:
-        """The admitted request left at ``sent_s`` (its rate is measured from sends)."""
+        """The admitted request left at ``sent_s``: its answer is judged by when it left
+        (a throttle of a request sent before the last cut is part of that event)."""
         ticket.sent_s = sent_s
-        self.budget(ticket.lane.bucket, sent_s).on_send(ticket.lane, sent_s)
 
     def on_answer(
         self, ticket: Ticket, now_s: float, *, throttled: bool, retry_after_s: float | None = None

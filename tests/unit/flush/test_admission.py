@@ -199,7 +199,7 @@ def test_isolation_ends_once_the_lane_may_send_what_the_whole_budget_allows() ->
     lanes = _lanes(rate=10.0)
     hot = lanes.lane_for("b", "hot/x", 0.0)
     for i in range(100):
-        hot.sends.add(i * 0.01)  # it was sending 100/s
+        hot.answers.add(i * 0.01, True)  # S3 took 100/s of it
     hot.isolate(lanes.flow, 1.0, 1.0)  # its own rate: 80/s, above the bucket's 10/s
     _submit(lanes, "hot/x", 1, 1.0)
     assert _granted(lanes, 1.0) == [("hot/", 1)]

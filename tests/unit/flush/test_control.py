@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gateway.flush.control import AdaptiveRate, Answers, RateConfig, SendRate
+from gateway.flush.control import AdaptiveRate, Answers, RateConfig
 
 CONFIG = RateConfig(initial_per_s=10.0, floor_per_s=1.0, beta=0.8, recovery_s=10.0)
 
@@ -27,7 +27,6 @@ def _traffic(budget: AdaptiveRate, rate: float, start_s: float, end_s: float) ->
     n = round((end_s - start_s) * rate)
     for i in range(n):
         t = start_s + i / rate
-        budget.on_send(t)
         budget.on_success(t, t)
 
 
@@ -42,18 +41,6 @@ def _grow(budget: AdaptiveRate, from_s: float, to_s: float, step_s: float = 0.1)
 
 
 # -- measurements ---------------------------------------------------------------------------
-
-
-def test_send_rate_over_the_last_second_or_the_last_few_sends() -> None:
-    sends = SendRate()
-    assert sends.per_s(0.0) == 0.0
-    for i in range(50):
-        sends.add(i * 0.1)  # 10/s for 5 s
-    assert sends.per_s(5.0) == pytest.approx(10.0, rel=0.15)
-    slow = SendRate()
-    for i in range(6):
-        slow.add(i * 2.0)  # one every 2 s: the last 4 sends count
-    assert slow.per_s(10.0) == pytest.approx(4 / 6.0)
 
 
 def test_answers_count_acceptances_per_second() -> None:
@@ -90,7 +77,6 @@ def test_slow_start_ends_at_the_first_throttle_at_what_was_accepted() -> None:
     budget = AdaptiveRate(RateConfig(initial_per_s=40.0), 0.0)
     for i in range(120):  # 3 s at 40/s, every other request accepted
         t = i / 40
-        budget.on_send(t)
         if i % 2:
             budget.on_success(t, t)
     assert budget.on_throttle(3.0, 3.0)
@@ -114,7 +100,6 @@ def test_a_throttle_after_the_cut_before_anything_got_through_cuts_again() -> No
     """The cut did not bite (a partition's burst hid the overload): cut again, keep w_max."""
     budget = _steady(100.0, at_s=10.0)
     w_max = budget.w_max_per_s
-    budget.on_send(10.01)
     assert budget.on_throttle(10.01, 10.03)
     assert budget.w_max_per_s == w_max
     assert budget.rate_per_s == pytest.approx(0.8 * 80.0, rel=0.05)
@@ -181,7 +166,6 @@ def test_an_outage_keeps_w_max_and_slow_starts_back_to_it() -> None:
     t = 0.0
     for _ in range(40):  # 20 s of nothing but 503s, one request per 0.5 s
         t += 0.5
-        budget.on_send(t)
         budget.on_throttle(t, t + 0.01)
     assert budget.rate_per_s == CONFIG.floor_per_s
     assert budget.w_max_per_s == pytest.approx(50.0, rel=0.05)

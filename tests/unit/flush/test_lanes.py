@@ -134,11 +134,11 @@ def test_lane_status_reports_the_bucket_rate_unless_isolated() -> None:
     assert (status.rate_limit_per_s, status.is_isolated, status.waiting_requests) == (25, False, 1)
     assert lane.status(100.0, 500.0).rate_limit_per_s == 40.0  # --lane-rate is a hard cap
     for i in range(10):
-        lane.sends.add(99.0 + i * 0.1)  # it was sending 10/s
+        lane.answers.add(99.0 + i * 0.1, True)  # S3 took 10/s of it
     lane.isolate(RateConfig(), 100.0, 100.0)
     status = lane.status(100.0, 25.0)
     assert status.is_isolated
-    assert status.rate_limit_per_s == pytest.approx(8.0, rel=0.1)  # 0.8 x what it sent
+    assert status.rate_limit_per_s == pytest.approx(8.0, rel=0.1)  # 0.8 x what S3 took
     lane.end_isolation()
     assert not lane.status(100.0, 25.0).is_isolated
 
