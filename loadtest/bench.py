@@ -1,27 +1,30 @@
-"""Checkpoint burst: writing straight to a throttled S3 versus writing through the gateway.
+"""Checkpoint burst: writing straight to a throttled S3 versus writing through gateways.
 
 One run, three phases, each against fresh servers:
 
 0. **Calibration.** The burst is written into a gateway whose flusher is paused (its
    upstream is an unthrottled emulator), to measure how fast this load generator can write
    on this machine. The emulator's bandwidth for the two legs is set to ``1/15`` of that
-   rate (``--bandwidth-divisor``), its latency to 35 ms, and its per-prefix request limit so
-   that the checkpoint's requests need ``1/0.75`` times as long as its bytes
+   rate (``--bandwidth-divisor``), its latency to 35 ms, and its partitions' request limit
+   so that the checkpoint's requests need ``1/0.75`` times as long as its bytes
    (``--prefix-rate-factor``): both limits bind, as they do on real S3 with real nodes.
+   The partitions are at ``--partition-depth`` (1: ``ckpt/``, as a fresh bucket throttles),
+   independent of the gateways' ``--lane-depth``; ``--limit-change``, ``--storm`` and
+   ``--split-after`` make them change during the run.
 1. **Direct.** The ranks write to the emulator with boto3 (standard retry mode, default
    attempts). A write that still gets ``503 SlowDown`` after its retries is a failed write.
-2. **Gateway.** ``python -m gateway serve`` with a fresh emulator as its upstream; the ranks
-   write to the gateway; then ``GET /admin/v1/drain?wait=true`` waits until everything is
+2. **Gateways.** ``--gateways N`` times ``python -m gateway serve`` with one fresh emulator as
+   their upstream (one node each: gateway g gets ranks ``g*ranks ...``); the ranks write
+   to their gateway; then ``GET /admin/v1/drain?wait=true`` on each until everything is
    upstream, and every object is checked in the emulator (size and ETag).
 
-Printed: the job's stall (time until every write was acknowledged) for both legs and its
-ratio, ack p50/p99, the gateway's drain time from the burst's start and from its last ack
-against the emulator's minimum (``max(bytes / bandwidth, (requests - burst * prefixes) /
-(prefix rate * prefixes))``; the prefix buckets hold ``--prefix-burst`` requests, 2 by
-default: see loadtest/README.md), 503s (seen by the direct client; seen by the flusher,
-from the emulator's log) and failed writes. ``--json FILE`` writes the same as JSON. The
-run fails (exit 1) only when the gateway loses or corrupts an acknowledged write or does
-not drain.
+Printed: the job's stall for both legs and its ratio, ack p50/p99, the drain time from
+the burst's start against the emulator's minimum (loadtest/flowstats.py: the partitions'
+bursts, then their rates and the bandwidth over time), 503s (seen by the direct client;
+seen by the flusher, overall and after each gateway's first 3 s), when each gateway
+finished, Jain's index of their shares, CPU per gateway, and after a storm how soon the
+drain was back at 90 % of the limit. ``--json FILE`` writes the same as JSON. The run fails
+(exit 1) only when a gateway loses or corrupts an acknowledged write or does not drain.
 """
 
 from __future__ import annotations
