@@ -17,8 +17,8 @@ the lane's own gates: ``admission.py``), then one of the ``concurrency`` global 
 the global tokens, in that order, so a request held back by its lane or bucket holds
 neither a global slot nor a global token while it waits (a fast lane never queues behind
 slow lanes' backlog, and the global rate holds whatever the lanes do). Each answer goes
-back to ``Lanes`` with the time its request was sent (the budget's rate is measured from
-send times; 503s cut it once per congestion event; ``Retry-After`` pauses the lane).
+back to ``Lanes`` with the time its request was sent (a 503 for a request sent before the
+budget's last cut is part of that congestion event; ``Retry-After`` pauses the lane).
 
 The admission is pure; this module is its async shell: a waiting request awaits a future
 that ``_pump`` resolves when ``Lanes.pump`` admits it, and one timer task wakes ``_pump``
