@@ -4,20 +4,26 @@ S3 throttles per partition, and does not say how a bucket is partitioned: a fres
 may throttle everything under ``ckpt/`` together, later split a hot prefix, and every
 gateway of a cluster writes into the same bucket. So the flusher does not guess a limit
 per lane. Everything it sends to one bucket is paced by one ``AdaptiveRate`` (AIMD with
-CUBIC growth: ``control.py``), and the budget is handed out **oldest work first**: a heap
-of the bucket's lanes keyed by each lane's oldest waiting request. A lane that empties
-simply leaves the heap, so the rate it used goes to the others at once; a lane held by its
-own gates (a ``Retry-After`` pause, ``--lane-rate``, ``--lane-bandwidth``, its own rate)
-steps aside and the next lane goes, so no lane blocks another.
+CUBIC growth: ``control.py``), and the budget is handed out in **fair rounds, oldest work
+first within a round**: a heap of the bucket's lanes keyed by (round, the lane's oldest
+waiting request), start-time fair queueing (Goyal et al., 1996). Each lane with work gets
+one request per round, so a lane with a deep backlog or a retried old object never takes
+every token while the others wait (with S3's partitions per rank that would refuse it
+again and again), and a lane's requests leave evenly spaced. A lane that empties simply
+leaves the heap, so the rate it used goes to the others at once; a lane that joins late
+joins the current round (no credit for its idle time); a lane held by its own gates (a
+``Retry-After`` pause, ``--lane-rate``, ``--lane-bandwidth``, its own rate) steps aside
+and the next lane goes, so no lane blocks another.
 
 **Isolation.** A prefix S3 throttles on its own must not drag the bucket's budget down for
 everyone. When the budget's last ``_ISOLATE_AFTER`` throttles all came from one lane, over
-more than one congestion event, while other lanes of the bucket had work waiting, that
-lane gets an adaptive rate of its own (``Lane.isolate``) and its throttles no longer cut
-the budget. Under a limit the lanes share, throttles land on the lanes in proportion to
-what they send (the oldest-first heap keeps that even), so this only picks out a lane that
-takes more than its share and is refused for it: giving it its own rate is then right
-either way. The isolation ends when the lane's own rate has grown past the budget's.
+more than one congestion event, while other lanes of the bucket were busy, that lane gets
+an adaptive rate of its own (``Lane.isolate``), its throttles no longer cut the budget, and
+the budget forgets the limit that lane taught it (slow start finds the others' again).
+Under a limit the lanes share, throttles land on the lanes in proportion to what they send
+(the rounds keep that even), so three in a row from one lane are rare; and a lane that
+takes more than its share and is refused for it is right to have its own rate anyway.
+The isolation ends when the lane's own rate has grown to the whole budget's.
 """
 
 from __future__ import annotations
