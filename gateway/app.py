@@ -35,6 +35,7 @@ from gateway.core.objects import ObjectService
 from gateway.errors import S3Error
 from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
+from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
 from gateway.flush.lanes import LaneConfig
 from gateway.flush.policy import PolicyConfig
@@ -326,6 +327,9 @@ def _flusher(
             min_rate_per_s=settings.lane_min_rate,
             bandwidth_bytes_per_s=settings.lane_bandwidth_bytes,
             concurrency=settings.lane_concurrency,
+        ),
+        flow=RateConfig(
+            initial_per_s=settings.flush_initial_rate, floor_per_s=settings.flush_min_rate
         ),
         rate_per_s=settings.flush_rate,
         rate_burst=settings.flush_rate_burst,

@@ -118,13 +118,18 @@ class Settings:
     # Burst sizes of those buckets (requests, bytes); 0 = one second's worth.
     flush_rate_burst: float = 0.0
     flush_bandwidth_burst_bytes: int = 0
+    # Each bucket's adaptive budget (requests/s, shared by its lanes): slow start begins at
+    # the initial rate (a fresh bucket; S3 asks clients to ramp up), and no cut goes below
+    # the minimum (one request a second keeps seeing when an outage of S3 ends).
+    flush_initial_rate: float = 10.0
+    flush_min_rate: float = 1.0
     # Prefix lanes: keys are partitioned by bucket and their first N path segments.
     lane_depth: int = 3
-    # Per-lane ceilings: requests/s (S3 accepts 3,500 writes/s per prefix) and bytes/s
-    # (0 = unlimited). A lane's adaptive rate starts at the ceiling and is cut on 503.
+    # Per-lane hard caps: requests/s (S3 accepts 3,500 writes/s per prefix) and bytes/s
+    # (0 = unlimited), whatever the bucket's budget allows.
     lane_rate: float = 3500.0
     lane_bandwidth_bytes: int = 0
-    # Lowest rate a lane is cut to (requests/s).
+    # Lowest rate of a lane S3 throttles on its own (it then has an adaptive rate of its own).
     lane_min_rate: float = 0.1
     # Uploads in flight at once in one lane.
     lane_concurrency: int = 8
@@ -215,10 +220,12 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "flush_bandwidth_bytes": (parse_size, "upstream bytes/s, all lanes (0 = unlimited)"),
     "flush_rate_burst": (float, "burst of --flush-rate in requests (0 = 1 s worth)"),
     "flush_bandwidth_burst_bytes": (parse_size, "burst of --flush-bandwidth (0 = 1 s worth)"),
+    "flush_initial_rate": (float, "requests/s a bucket's adaptive budget slow-starts from"),
+    "flush_min_rate": (float, "floor of a bucket's adaptive requests/s"),
     "lane_depth": (int, "path segments of a key that name its prefix lane"),
-    "lane_rate": (float, "ceiling of each lane's adaptive requests/s"),
+    "lane_rate": (float, "hard cap of each lane's requests/s"),
     "lane_bandwidth_bytes": (parse_size, "bytes/s per lane (0 = unlimited)"),
-    "lane_min_rate": (float, "floor of a lane's adaptive requests/s"),
+    "lane_min_rate": (float, "floor of the own rate of a lane throttled on its own"),
     "lane_concurrency": (int, "uploads in flight per lane"),
     "write_back_delay_s": (float, "seconds an object waits before it may flush (coalescing)"),
     "temp_patterns": (_patterns, "comma-separated globs of temp keys held longer"),
@@ -327,6 +334,8 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("lane-concurrency must be at least 1")
     if settings.lane_rate <= 0 or settings.lane_min_rate <= 0:
         raise ConfigError("lane-rate and lane-min-rate must be positive")
+    if not 0 < settings.flush_min_rate <= settings.flush_initial_rate:
+        raise ConfigError("need 0 < flush-min-rate <= flush-initial-rate")
     if not 0 < settings.cache_low_watermark <= settings.cache_high_watermark <= 1:
         raise ConfigError("need 0 < cache-low-watermark <= cache-high-watermark <= 1")
     _validate_limits(settings)

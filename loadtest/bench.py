@@ -1,33 +1,37 @@
-"""Checkpoint burst: writing straight to a throttled S3 versus writing through the gateway.
+"""Checkpoint burst: writing straight to a throttled S3 versus writing through gateways.
 
 One run, three phases, each against fresh servers:
 
 0. **Calibration.** The burst is written into a gateway whose flusher is paused (its
    upstream is an unthrottled emulator), to measure how fast this load generator can write
    on this machine. The emulator's bandwidth for the two legs is set to ``1/15`` of that
-   rate (``--bandwidth-divisor``), its latency to 35 ms, and its per-prefix request limit so
-   that the checkpoint's requests need ``1/0.75`` times as long as its bytes
+   rate (``--bandwidth-divisor``), its latency to 35 ms, and its partitions' request limit
+   so that the checkpoint's requests need ``1/0.75`` times as long as its bytes
    (``--prefix-rate-factor``): both limits bind, as they do on real S3 with real nodes.
+   The partitions are at ``--partition-depth`` (1: ``ckpt/``, as a fresh bucket throttles),
+   independent of the gateways' ``--lane-depth``; ``--limit-change``, ``--storm`` and
+   ``--split-after`` make them change during the run.
 1. **Direct.** The ranks write to the emulator with boto3 (standard retry mode, default
    attempts). A write that still gets ``503 SlowDown`` after its retries is a failed write.
-2. **Gateway.** ``python -m gateway serve`` with a fresh emulator as its upstream; the ranks
-   write to the gateway; then ``GET /admin/v1/drain?wait=true`` waits until everything is
+2. **Gateways.** ``--gateways N`` times ``python -m gateway serve`` with one fresh emulator as
+   their upstream (one node each: gateway g gets ranks ``g*ranks ...``); the ranks write
+   to their gateway; then ``GET /admin/v1/drain?wait=true`` on each until everything is
    upstream, and every object is checked in the emulator (size and ETag).
 
-Printed: the job's stall (time until every write was acknowledged) for both legs and its
-ratio, ack p50/p99, the gateway's drain time from the burst's start and from its last ack
-against the emulator's minimum (``max(bytes / bandwidth, (requests - burst * prefixes) /
-(prefix rate * prefixes))``; the prefix buckets hold ``--prefix-burst`` requests, 2 by
-default: see loadtest/README.md), 503s (seen by the direct client; seen by the flusher,
-from the emulator's log) and failed writes. ``--json FILE`` writes the same as JSON. The
-run fails (exit 1) only when the gateway loses or corrupts an acknowledged write or does
-not drain.
+Printed: the job's stall for both legs and its ratio, ack p50/p99, the drain time from
+the burst's start against the emulator's minimum (loadtest/flowstats.py: the partitions'
+bursts, then their rates and the bandwidth over time), 503s (seen by the direct client;
+seen by the flusher, overall and after each gateway's first 3 s), when each gateway
+finished, Jain's index of their shares, CPU per gateway, and after a storm how soon the
+drain was back at 90 % of the limit. ``--json FILE`` writes the same as JSON. The run fails
+(exit 1) only when a gateway loses or corrupts an acknowledged write or does not drain.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -35,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -46,6 +51,7 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import flowstats
 from burst import (
     Bodies,
     BurstResult,
@@ -192,33 +198,24 @@ def calibrate(workdir: Path, profile: Profile, extra: list[str], rounds: int) ->
         emu.stop()
 
 
-# Lanes adapt during their first seconds; the 503 target is for the traffic after that.
-ADAPT_S = 3.0
-
-
-def emulator_figures(url: str, started_wall: float, log_path: Path | None = None) -> dict[str, Any]:
-    _, log = http(url + "/_emulator/log", timeout=120)
-    if log_path is not None:  # kept with --keep: per-prefix timelines for analysis
-        log_path.write_text("".join(json.dumps(e) + "\n" for e in log))
+def emulator_figures(
+    url: str, started_wall: float, log: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    if log is None:
+        _, log = http(url + "/_emulator/log", timeout=120)
     ops = Counter(e["op"] for e in log)
     slowdowns = sum(e["code"] == "SlowDown" for e in log)
     writes = [e for e in log if e["op"] in WRITE_OPS]
     ok_writes = [e for e in writes if e["status"] == 200]
     spans: dict[str, list[float]] = {}
     for e in writes:
-        spans.setdefault(e["prefix"], []).append(e["ts"])
+        spans.setdefault(e["partition"], []).append(e["ts"])
     rates = sorted(len(ts) / (max(ts) - min(ts)) for ts in spans.values() if max(ts) > min(ts))
-    # "Once lanes have adapted": requests a prefix received ADAPT_S after its first one.
-    adapted = [e for e in writes if e["ts"] >= min(spans[e["prefix"]]) + ADAPT_S]
-    adapted_503 = sum(e["code"] == "SlowDown" for e in adapted)
     return {
-        "adapted_requests": len(adapted),
-        "adapted_503": adapted_503,
-        "adapted_503_fraction": round(adapted_503 / len(adapted), 4) if adapted else 0.0,
         "requests": len(log),
         "write_requests": len(writes),
-        # Write requests (incl. rejected ones) per second that one prefix received, median.
-        "prefix_offered_rps_median": round(rates[len(rates) // 2], 3) if rates else None,
+        # Write requests (incl. rejected ones) per second that one partition received, median.
+        "partition_offered_rps_median": round(rates[len(rates) // 2], 3) if rates else None,
         "requests_by_op": dict(ops),
         "slowdown_503": slowdowns,
         "slowdown_fraction": round(slowdowns / len(log), 4) if log else 0.0,
@@ -260,6 +257,46 @@ def direct_leg(
         emu.stop()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _bursts(endpoints: list[str], profile: Profile, bodies: Bodies) -> list[BurstResult]:
+    """One burst per gateway at once (gateway g writes ranks g*ranks...), in threads."""
+    results: list[BurstResult | None] = [None] * len(endpoints)
+
+    def one(g: int) -> None:
+        results[g] = run_burst(
+            endpoints[g],
+            BUCKET,
+            profile,
+            access_key=GW_KEY,
+            secret_key=GW_SECRET,
+            bodies=bodies,
+            first_rank=g * profile.ranks,
+        )
+
+    threads = [threading.Thread(target=one, args=(g,)) for g in range(len(endpoints))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for r in results if r is not None]
+
+
+def _drain(admin: str, deadline: float) -> tuple[bool, Any]:
+    drained, last = False, None
+    while not drained and time.monotonic() < deadline:
+        wait = max(1, min(600, int(deadline - time.monotonic())))
+        status, last = http(f"{admin}/admin/v1/drain?wait=true&timeout={wait}", timeout=wait + 30)
+        if status != 200 or not isinstance(last, dict):
+            raise BenchError(f"drain answered {status}: {last}")
+        drained = bool(last.get("drained"))
+    return drained, last
+
+
 def gateway_leg(
     workdir: Path,
     profile: Profile,
@@ -267,44 +304,88 @@ def gateway_leg(
     bodies: Bodies,
     extra: list[str],
     drain_timeout: float,
+    gateways: int = 1,
+    limit_per_s: float | None = None,
 ) -> dict[str, Any]:
     emu, url = start_emulator(workdir, "gateway-emulator", **throttles)
+    procs: list[Proc] = []
     try:
-        gw, endpoint, admin = start_gateway(workdir, "gateway", url, extra)
-        try:
-            result = run_burst(
-                endpoint, BUCKET, profile, access_key=GW_KEY, secret_key=GW_SECRET, bodies=bodies
-            )
-            drained, last = False, None
-            deadline = time.monotonic() + drain_timeout
-            while not drained and time.monotonic() < deadline:
-                wait = max(1, min(600, int(deadline - time.monotonic())))
-                status, last = http(
-                    f"{admin}/admin/v1/drain?wait=true&timeout={wait}", timeout=wait + 30
-                )
-                if status != 200 or not isinstance(last, dict):
-                    raise BenchError(f"drain answered {status}: {last}")
-                drained = bool(last.get("drained"))
-            drained_at = time.time() - result.started_wall
-            _, status_doc = http(admin + "/admin/v1/status")
-            out = {
-                "burst": result,
-                "drained": drained,
-                "drain_answer": last,
-                "drain_from_start_s": round(drained_at, 3),
-                "drain_from_last_ack_s": round(drained_at - result.stall, 3),
-                "gateway_status": status_doc,
-                "emulator": emulator_figures(
-                    url, result.started_wall, workdir / "gateway-emulator-requests.jsonl"
-                ),
-                "verify": verify(url, result, bodies, acked_only=True),
-            }
-        finally:
-            exit_code = gw.stop()
-        out["gateway_exit_code"] = exit_code  # after SIGTERM; 0 is a clean shutdown
-        return out
+        started = [start_gateway(workdir, f"gateway{g}", url, extra) for g in range(gateways)]
+        procs = [p for p, _, _ in started]
+        cpu0 = [cpu_seconds(p.popen.pid) for p in procs]
+        wall0 = time.monotonic()
+        results = _bursts([e for _, e, _ in started], profile, bodies)
+        started_wall = min(r.started_wall for r in results)
+        deadline = time.monotonic() + drain_timeout
+        drains = [_drain(admin, deadline) for _, _, admin in started]
+        drained_at = time.time() - started_wall
+        cpu = [
+            round((cpu_seconds(p.popen.pid) - c0) / (time.monotonic() - wall0), 3)
+            for p, c0 in zip(procs, cpu0, strict=True)
+        ]
+        statuses = [http(admin + "/admin/v1/status")[1] for _, _, admin in started]
+        _, stats = http(url + "/_emulator/stats")
+        _, log = http(url + "/_emulator/log", timeout=120)
+        (workdir / "gateway-emulator-requests.jsonl").write_text(
+            "".join(json.dumps(e) + "\n" for e in log)
+        )
+        t0 = stats["limiter"]["t0_wall"]
+        storm = throttles.get("storm")
+        storm_wall = None
+        if storm and t0 is not None:
+            begin, end = (float(x) for x in str(storm).split(":"))
+            storm_wall = (t0 + begin, t0 + end)
+        stall = max(r.stall for r in results)
+        out = {
+            "burst": _merged(results, profile),
+            "drained": all(d for d, _ in drains),
+            "drain_answer": [last for _, last in drains],
+            "drain_from_start_s": round(drained_at, 3),
+            "drain_from_last_ack_s": round(drained_at - stall, 3),
+            "limiter_t0_from_start_s": None if t0 is None else round(t0 - started_wall, 3),
+            "gateway_status": statuses,
+            "gateway_cpu_cores": cpu,
+            "emulator": emulator_figures(url, started_wall, log=log),
+            "flow": flowstats.flow_figures(
+                log,
+                gateways=gateways,
+                ranks_per_gateway=profile.ranks,
+                started_wall=started_wall,
+                limit_per_s=limit_per_s,
+                storm_wall=storm_wall,
+            ),
+            "splits": stats["limiter"]["splits"],
+            "verify": _verify_all(url, results, bodies),
+        }
     finally:
+        codes = [p.stop() for p in procs]
         emu.stop()
+    out["gateway_exit_code"] = max((c or 0 for c in codes), default=0)
+    return out
+
+
+def _merged(results: list[BurstResult], profile: Profile) -> dict[str, Any]:
+    """The gateways' bursts as one (stall: the last ack of any)."""
+    if len(results) == 1:
+        return results[0].summary()
+    summaries = [r.summary() for r in results]
+    return {
+        "profile": f"{len(results)} x {profile.describe()}",
+        "objects": sum(s["objects"] for s in summaries),
+        "failed_writes": sum(s["failed_writes"] for s in summaries),
+        "stall_s": max(s["stall_s"] for s in summaries),
+        "ack_p50_ms": max(s["ack_p50_ms"] or 0 for s in summaries),
+        "ack_p99_ms": max(s["ack_p99_ms"] or 0 for s in summaries),
+        "client_503": sum(s["client_503"] for s in summaries),
+        "per_gateway": summaries,
+    }
+
+
+def _verify_all(url: str, results: list[BurstResult], bodies: Bodies) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for r in results:
+        counts.update(verify(url, r, bodies, acked_only=True))
+    return {"ok": counts["ok"], "missing": counts["missing"], "wrong": counts["wrong"]}
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -325,7 +406,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 def report(res: dict[str, Any]) -> None:
     d, g, m = res.get("direct"), res.get("gateway"), res["minimum"]
     print()
-    print(f"profile      {res['profile']}")
+    print(f"profile      {res['profile']} x {res['gateways']} gateway(s)")
     c, t = res["calibration"], res["throttles"]
     if c.get("ingest_MBps") is None:
         print("calibration  skipped (--bandwidth given)")
@@ -336,17 +417,16 @@ def report(res: dict[str, Any]) -> None:
             f"in {c['stall_s']} s (fastest of {c.get('rounds_MBps')} MB/s)"
         )
         source = f"1/{res['bandwidth_divisor']:g} of calibration"
+    extras = {k: t[k] for k in ("limit_schedule", "storm", "split_after") if k in t}
     print(
         f"emulator     latency {t['latency_ms']:g} ms, bandwidth {t['bandwidth'] / 1e6:.3f} MB/s "
-        f"({source}),\n             prefix limit {t['prefix_rate']:.3f} req/s per prefix, "
-        f"burst {t.get('prefix_burst', 'max(1, rate)')} "
-        f"(depth {t['prefix_depth']}, {m['prefixes']} prefixes, "
-        f"{'given' if res.get('prefix_rate_given') else 'auto'})"
+        f"({source}),\n             limit {t['prefix_rate']:.3f} req/s per partition, "
+        f"burst {t['prefix_burst']:g}, partitions at depth {t['prefix_depth']} "
+        f"({m['partitions']} partitions, {'given' if res.get('prefix_rate_given') else 'auto'})"
+        f"{', ' + json.dumps(extras) if extras else ''}"
     )
-    print(
-        f"minimum      {m['seconds']:.1f} s = max(bytes/bandwidth {m['bytes_s']:.1f} s, "
-        f"(write requests - burst*prefixes)/(rate*prefixes) {m['requests_s']:.1f} s)"
-    )
+    print(f"gateways     lanes at depth {res['lane_depth']}; extra args {res['gateway_args']}")
+    print(f"minimum      {m['seconds']:.1f} s from the first request ({m['how']})")
     print()
     rows = [("", "direct", "gateway", "ratio")]
     ds = d["burst"] if d else {}
@@ -361,32 +441,22 @@ def report(res: dict[str, Any]) -> None:
         gs.get("stall_s"),
         _ratio(ds.get("stall_s"), gs.get("stall_s")),
     )
-    row(
-        "ack p50 (ms)",
-        _ms(ds.get("ack_p50_ms")),
-        _ms(gs.get("ack_p50_ms")),
-        _ratio(ds.get("ack_p50_ms"), gs.get("ack_p50_ms")),
-    )
-    row(
-        "ack p99 (ms)",
-        _ms(ds.get("ack_p99_ms")),
-        _ms(gs.get("ack_p99_ms")),
-        _ratio(ds.get("ack_p99_ms"), gs.get("ack_p99_ms")),
-    )
+    row("ack p50 (ms)", _ms(ds.get("ack_p50_ms")), _ms(gs.get("ack_p50_ms")))
+    row("ack p99 (ms)", _ms(ds.get("ack_p99_ms")), _ms(gs.get("ack_p99_ms")))
     row("failed writes", ds.get("failed_writes"), gs.get("failed_writes"))
     row("503 seen by client", ds.get("client_503"), gs.get("client_503"))
     if g:
-        e = g["emulator"]
+        f = g["flow"]
         row(
             "503 seen by flusher",
             None,
-            f"{e['slowdown_503']} of {e['requests']} ({e['slowdown_fraction'] * 100:.1f}%)",
+            f"{f['slowdown_503']} of {f['requests']} ({f['slowdown_fraction'] * 100:.1f}%)",
         )
         row(
-            f"503 after {ADAPT_S:g} s/lane",
+            "503 after 3 s/gateway",
             None,
-            f"{e['adapted_503']} of {e['adapted_requests']} "
-            f"({e['adapted_503_fraction'] * 100:.1f}%)",
+            f"{f['after_3s_503']} of {f['after_3s_requests']} "
+            f"({f['after_3s_fraction'] * 100:.1f}%)",
         )
         row(
             "drain from start (s)",
@@ -395,17 +465,15 @@ def report(res: dict[str, Any]) -> None:
             f"{g['drain_from_start_s'] / m['seconds']:.2f}x min",
         )
         row("drain from last ack (s)", None, g["drain_from_last_ack_s"])
-        row(
-            "req/s offered per prefix",
-            d["emulator"]["prefix_offered_rps_median"] if d else None,
-            e["prefix_offered_rps_median"],
-            f"limit {res['throttles']['prefix_rate']:g}",
-        )
-        row("upstream last write (s)", None, e["last_write_done_s"])
-    if d:
-        e = d["emulator"]
-        row("emulator requests", e["requests"], g["emulator"]["requests"] if g else None)
-        row("direct stall vs minimum", f"{ds['stall_s'] / m['seconds']:.2f}x", None)
+        row("first upstream request (s)", None, g["limiter_t0_from_start_s"])
+        row("gateways finished (s)", None, " ".join(str(x["finished_s"]) for x in f["gateways"]))
+        row("finish last/first", None, f["finish_spread"])
+        row("Jain's index", None, f["jain"])
+        row("gateway CPU (cores)", None, " ".join(f"{c:.3f}" for c in g["gateway_cpu_cores"]))
+        if "storm_recovery_s" in f:
+            row("back at 90% after storm (s)", None, f["storm_recovery_s"])
+        if g.get("splits"):
+            row("partition splits", None, json.dumps(g["splits"]))
     width = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print(
@@ -420,13 +488,55 @@ def report(res: dict[str, Any]) -> None:
                 f"{v['missing']} missing, {v['wrong']} wrong size/ETag"
             )
     if g:
-        print(
-            f"gateway drained: {g['drained']} {g['drain_answer']}, "
-            f"exit code after SIGTERM {g['gateway_exit_code']}"
-        )
+        print(f"gateway drained: {g['drained']}, exit code after SIGTERM {g['gateway_exit_code']}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _throttles(
+    args: argparse.Namespace, profile: Profile, bandwidth: float, keys: list[str]
+) -> tuple[dict[str, Any], flowstats.Throttles, float]:
+    """The emulator's options, the same as ``flowstats.Throttles``, and the checkpoint's
+    own limit (requests/s all partitions allow together, within the bandwidth)."""
+    partitions = len({prefix_of(k, args.partition_depth) for k in keys})
+    write_requests = profile.write_requests * args.gateways
+    total_bytes = profile.total_bytes * args.gateways
+    req_rate_for_bytes = bandwidth * write_requests / total_bytes / partitions
+    prefix_rate = args.prefix_rate or round(args.prefix_rate_factor * req_rate_for_bytes, 3)
+    burst = args.prefix_burst if args.prefix_burst > 0 else max(2.0, prefix_rate)
+    options: dict[str, Any] = {
+        "latency_ms": args.latency_ms,
+        "bandwidth": round(bandwidth),
+        "prefix_rate": prefix_rate,
+        "prefix_depth": args.partition_depth,
+        "prefix_burst": burst,
+    }
+    if args.limit_change:
+        options["limit_schedule"] = ",".join(f"{t:g}:{f:g}" for t, f in args.limit_change)
+    if args.storm:
+        options["storm"] = f"{args.storm[0]:g}:{args.storm[1]:g}"
+    if args.split_after:
+        options["split_after"] = args.split_after
+    model = flowstats.Throttles(
+        rate_per_s=prefix_rate,
+        depth=args.partition_depth,
+        burst=burst,
+        bandwidth=bandwidth,
+        schedule=tuple(args.limit_change),
+        storm=tuple(args.storm) if args.storm else None,
+        split_after=args.split_after,
+    )
+    limit = min(prefix_rate * partitions, bandwidth / profile.shard_size)
+    return options, model, limit
+
+
+def _pair(text: str) -> tuple[float, float]:
+    first, _, second = text.partition(":")
+    try:
+        return float(first), float(second)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not A:B: {text!r}") from exc
+
+
+def _arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     add_profile_args(p)
     t = p.add_argument_group("emulator")
@@ -434,29 +544,48 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--bandwidth", type=parse_size, default=None, help="skip calibration")
     t.add_argument("--bandwidth-divisor", type=float, default=15.0)
     t.add_argument("--calibration-rounds", type=int, default=2, help="the fastest one is used")
-    t.add_argument("--prefix-rate", type=float, default=None, help="req/s per prefix")
+    t.add_argument("--prefix-rate", type=float, default=None, help="req/s per partition")
     t.add_argument("--prefix-rate-factor", type=float, default=0.75)
-    t.add_argument("--prefix-depth", type=int, default=3)
+    t.add_argument(
+        "--partition-depth",
+        type=int,
+        default=1,
+        help="key segments of the emulator's partitions (1: ckpt/, a fresh bucket; 3: a rank's)",
+    )
     t.add_argument(
         "--prefix-burst",
         type=float,
-        default=2.0,
-        help="requests a prefix's bucket holds (0: the emulator's default, max(1, rate))",
+        default=0.0,
+        help="requests a partition's bucket holds (0: a second's worth, at least 2)",
     )
+    t.add_argument(
+        "--limit-change", type=_pair, action="append", default=[], help="T:FACTOR, repeatable"
+    )
+    t.add_argument("--storm", type=_pair, default=None, help="START:END: every request 503")
+    t.add_argument("--split-after", type=float, default=None, help="s of load before a split")
+    p.add_argument("--gateways", type=int, default=1, help="gateways sharing the emulator")
+    p.add_argument("--lane-depth", type=int, default=3, help="the gateways' --lane-depth")
     p.add_argument("--gateway-arg", action="append", default=[], help="extra serve flag")
     p.add_argument("--legs", default="direct,gateway", help="direct,gateway or one of them")
     p.add_argument("--drain-timeout", type=float, default=600.0)
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--keep", action="store_true", help="keep the work dir")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments().parse_args(argv)
     profile = profile_from_args(args)
     legs = set(args.legs.split(","))
-    extra = [f"--lane-depth={args.prefix_depth}", *args.gateway_arg]
+    extra = [f"--lane-depth={args.lane_depth}", *args.gateway_arg]
     workdir = Path.cwd() / f".burst-bench-{uuid.uuid4().hex[:8]}"
     workdir.mkdir()
     bodies = Bodies(profile.shard_size)
     res: dict[str, Any] = {
         "profile": profile.describe(),
+        "gateways": args.gateways,
+        "lane_depth": args.lane_depth,
+        "gateway_args": args.gateway_arg,
         "bandwidth_divisor": args.bandwidth_divisor,
     }
     ok = False
@@ -477,42 +606,31 @@ def main(argv: list[str] | None = None) -> int:
         else:
             res["calibration"] = {"ingest_MBps": None, "stall_s": None}
             bandwidth = float(args.bandwidth)
-        keys = [shard_key(1, r, i) for r in range(profile.ranks) for i in range(profile.shards)]
-        prefixes = len({prefix_of(k, args.prefix_depth) for k in keys})
-        req_rate_for_bytes = bandwidth * profile.write_requests / profile.total_bytes / prefixes
-        prefix_rate = args.prefix_rate or round(args.prefix_rate_factor * req_rate_for_bytes, 3)
+        ranks = profile.ranks * args.gateways
+        keys = [shard_key(1, r, i) for r in range(ranks) for i in range(profile.shards)]
+        throttles, model, limit = _throttles(args, profile, bandwidth, keys)
         res["prefix_rate_given"] = bool(args.prefix_rate)
-        throttles = {
-            "latency_ms": args.latency_ms,
-            "bandwidth": round(bandwidth),
-            "prefix_rate": prefix_rate,
-            "prefix_depth": args.prefix_depth,
-        }
-        if args.prefix_burst > 0:
-            throttles["prefix_burst"] = args.prefix_burst
-        burst = args.prefix_burst if args.prefix_burst > 0 else max(1.0, prefix_rate)
         res["throttles"] = throttles
-        bytes_s = profile.total_bytes / bandwidth
-        # Each prefix's bucket starts full: its first `burst` requests need no time.
-        requests_s = max(0.0, profile.write_requests - burst * prefixes) / (prefix_rate * prefixes)
-        res["minimum"] = {
-            "seconds": max(bytes_s, requests_s),
-            "bytes_s": bytes_s,
-            "requests_s": requests_s,
-            "prefixes": prefixes,
-            "write_requests": profile.write_requests,
-        }
-        print(
-            f"throttles: {throttles}; emulator minimum {max(bytes_s, requests_s):.1f} s", flush=True
-        )
+        res["limit_per_s"] = round(limit, 3)
+        res["minimum"] = _minimum(model, profile, keys, bandwidth)
+        print(f"throttles: {throttles}; minimum {res['minimum']['seconds']:.1f} s", flush=True)
         if "direct" in legs:
             print("direct: ranks -> emulator ...", flush=True)
-            d = direct_leg(workdir, profile, throttles, bodies)
+            direct_profile = dataclasses.replace(profile, ranks=ranks)
+            d = direct_leg(workdir, direct_profile, throttles, bodies)
             res["direct"] = {**d, "burst": d["burst"].summary()}
         if "gateway" in legs:
-            print("gateway: ranks -> gateway -> emulator ...", flush=True)
-            g = gateway_leg(workdir, profile, throttles, bodies, extra, args.drain_timeout)
-            res["gateway"] = {**g, "burst": g["burst"].summary()}
+            print(f"gateway: ranks -> {args.gateways} gateway(s) -> emulator ...", flush=True)
+            res["gateway"] = gateway_leg(
+                workdir,
+                profile,
+                throttles,
+                bodies,
+                extra,
+                args.drain_timeout,
+                gateways=args.gateways,
+                limit_per_s=limit,
+            )
         report(res)
         gw = res.get("gateway")
         ok = gw is None or (
@@ -534,6 +652,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     return 0 if ok else 1
+
+
+def _minimum(
+    model: flowstats.Throttles, profile: Profile, keys: list[str], bandwidth: float
+) -> dict[str, Any]:
+    partitions = len({prefix_of(k, model.depth) for k in keys})
+    if not profile.multipart:
+        seconds = flowstats.minimum_s(model, keys, profile.shard_size)
+        how = "partitions' bursts, then their rates and the bandwidth, over time"
+    else:  # several requests per object: requests and bytes bound separately
+        objects = len(keys)
+        requests = objects * (profile.parts_per_object + 2)
+        bytes_s = objects * profile.shard_size / bandwidth
+        requests_s = max(0.0, requests - model.burst * partitions) / (model.rate_per_s * partitions)
+        seconds = max(bytes_s, requests_s)
+        how = f"max(bytes {bytes_s:.1f} s, requests {requests_s:.1f} s)"
+    return {"seconds": seconds, "how": how, "partitions": partitions, "objects": len(keys)}
 
 
 if __name__ == "__main__":

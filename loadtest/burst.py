@@ -81,6 +81,11 @@ PROFILES = {
     "quick": Profile("quick", ranks=16, shards=16, shard_size=256 * KIB),
     # The issue's "many small objects" checkpoint: 16 x 200 x 256 KiB (800 MiB, 3200 PUTs).
     "many-small": Profile("many-small", ranks=16, shards=200, shard_size=256 * KIB),
+    # The flow-control cases of BENCHMARKS.md section 2: long enough for a limit that
+    # changes mid-run, a storm and a split to matter (~70 s at the bench's limit).
+    "medium": Profile("medium", ranks=16, shards=64, shard_size=256 * KIB),
+    # One node of a cluster (8 GPUs) with `bench.py --gateways N`.
+    "node": Profile("node", ranks=8, shards=32, shard_size=256 * KIB),
     # Large shards written with multipart uploads (3 parts of 8 MiB each).
     "multipart": Profile(
         "multipart", ranks=8, shards=2, shard_size=24 * MIB, multipart=True, part_size=8 * MIB
@@ -210,8 +215,10 @@ def run_burst(
     step: int = 1,
     total_attempts: int | None = None,
     bodies: Bodies | None = None,
+    first_rank: int = 0,
 ) -> BurstResult:
-    """Write one checkpoint with ``profile.ranks`` threads; return when all are done."""
+    """Write one checkpoint with ``profile.ranks`` threads (ranks ``first_rank`` on: one
+    node's share of a cluster's checkpoint); return when all are done."""
     bodies = bodies or Bodies(profile.shard_size)
     transfer = TransferConfig(
         multipart_threshold=profile.part_size,
@@ -246,7 +253,7 @@ def run_burst(
 
     def rank_main(rank: int) -> None:
         client = clients[rank]
-        keys = [shard_key(step, rank, i) for i in range(profile.shards)]
+        keys = [shard_key(step, first_rank + rank, i) for i in range(profile.shards)]
         barrier.wait()
         for key in keys:
             body = bodies.body(key)

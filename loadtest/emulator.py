@@ -8,11 +8,13 @@ S3 endpoint:
 * ``bandwidth``: one token bucket (bytes/s) shared by every connection paces request and
   response bodies (0 = unlimited);
 * ``prefix_rate``: one token bucket (requests/s, burst ``prefix_burst``, default one second
-  worth) per ``(bucket, prefix)``, where the prefix is the first ``prefix_depth`` path
-  segments of the key; an object-level request that finds its bucket empty is answered
+  worth) per ``(bucket, partition)``, where the partition is the first ``prefix_depth`` path
+  segments of the key (chosen independently of the gateway's lanes: a fresh S3 bucket
+  throttles coarsely); an object-level request that finds its bucket empty is answered
   ``503 SlowDown`` (S3 XML). Every object-level operation counts (reads, writes, multipart
   steps, CopyObject against its destination); bucket-level calls (lists, DeleteObjects) do
-  not;
+  not. ``limit_schedule`` changes the limit mid-run, ``storm`` refuses everything for a
+  while, ``split_after`` splits a partition after sustained load (``throttle.py``);
 * ``store_bodies=False``: objects keep only their size and MD5; GETs then return zero bytes
   of the right length (with the original ETag and the header ``x-emulator-body: discarded``).
 
@@ -52,6 +54,9 @@ from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 from aiohttp import web
+from throttle import PrefixLimiter, TokenBucket, prefix_of
+
+__all__ = ["Emulator", "EmulatorThread", "PrefixLimiter", "TokenBucket", "parse_size", "prefix_of"]
 
 try:  # CRC32C / CRC64NVME checksums (a dependency of the gateway)
     from awscrt import checksums as _crt
@@ -73,92 +78,6 @@ SYSTEM_HEADERS = (
     "expires",
 )
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
-
-
-# -- throttles ------------------------------------------------------------------------------
-
-
-class TokenBucket:
-    """A token bucket with an injectable clock.
-
-    ``try_take`` is the non-blocking form (request-rate limits); ``reserve`` always takes
-    and returns how long the caller must wait for the tokens to exist (pacing: the bucket
-    goes into debt, so concurrent callers are served in reservation order at ``rate``).
-    """
-
-    def __init__(
-        self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        if rate <= 0 or burst <= 0:
-            raise ValueError("rate and burst must be positive")
-        self.rate = rate
-        self.burst = burst
-        self._clock = clock
-        self._tokens = burst
-        self._stamp = clock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
-        self._stamp = now
-
-    def available(self) -> float:
-        self._refill()
-        return self._tokens
-
-    def try_take(self, n: float = 1.0) -> bool:
-        self._refill()
-        if self._tokens >= n:
-            self._tokens -= n
-            return True
-        return False
-
-    def reserve(self, n: float) -> float:
-        self._refill()
-        self._tokens -= n
-        return max(0.0, -self._tokens / self.rate)
-
-
-def prefix_of(key: str, depth: int) -> str:
-    """The first ``depth`` segments of ``key`` (with the trailing slash), or its parent
-    directory when it has fewer: ``a/b/c/d`` -> ``a/b/c/`` (depth 3), ``a/b`` -> ``a/``."""
-    if depth <= 0:
-        return ""
-    parts = key.split("/")
-    if len(parts) > depth:
-        return "/".join(parts[:depth]) + "/"
-    head, sep, _ = key.rpartition("/")
-    return head + sep
-
-
-class PrefixLimiter:
-    """``rate`` requests/s per (bucket, prefix); ``rate`` 0 disables it."""
-
-    def __init__(
-        self,
-        rate: float,
-        depth: int,
-        burst: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.rate = rate
-        self.depth = depth
-        self.burst = burst if burst else max(1.0, rate)
-        self._clock = clock
-        self._buckets: dict[tuple[str, str], TokenBucket] = {}
-
-    def allow(self, bucket: str, key: str) -> bool:
-        if self.rate <= 0:
-            return True
-        ident = (bucket, prefix_of(key, self.depth))
-        tb = self._buckets.get(ident)
-        if tb is None:
-            tb = self._buckets[ident] = TokenBucket(self.rate, self.burst, self._clock)
-        return tb.try_take()
-
-    @property
-    def prefixes(self) -> int:
-        return len(self._buckets)
 
 
 # -- state ----------------------------------------------------------------------------------
@@ -382,8 +301,11 @@ class Emulator:
         latency_ms: float = 35.0,
         bandwidth: float = 0.0,
         prefix_rate: float = 0.0,
-        prefix_depth: int = 3,
+        prefix_depth: int = 1,
         prefix_burst: float | None = None,
+        limit_schedule: Iterable[tuple[float, float]] = (),
+        storm: tuple[float, float] | None = None,
+        split_after: float | None = None,
         store_bodies: bool = True,
         buckets: Iterable[str] = (),
         log_path: str | None = None,
@@ -411,6 +333,9 @@ class Emulator:
             prefix_rate=prefix_rate,
             prefix_depth=prefix_depth,
             prefix_burst=prefix_burst,
+            limit_schedule=limit_schedule,
+            storm=storm,
+            split_after=split_after,
         )
 
     # -- configuration and lifecycle --------------------------------------------------------
@@ -423,8 +348,12 @@ class Emulator:
         prefix_rate: float | None = None,
         prefix_depth: int | None = None,
         prefix_burst: float | None = None,
+        limit_schedule: Iterable[tuple[float, float]] | None = None,
+        storm: tuple[float, float] | None = None,
+        split_after: float | None = None,
     ) -> None:
-        """Change throttles (None keeps a setting). Limiter state restarts."""
+        """Change throttles (None keeps a setting; ``prefix_burst`` None: one second's
+        worth). The limiter restarts: full buckets, its clock (``t0``) at the next request."""
         old = getattr(self, "_limiter", None)
         if latency_ms is not None:
             self.latency_ms = float(latency_ms)
@@ -437,9 +366,16 @@ class Emulator:
             )
         self._limiter = PrefixLimiter(
             rate=prefix_rate if prefix_rate is not None else old.rate if old else 0.0,
-            depth=prefix_depth if prefix_depth is not None else old.depth if old else 3,
+            depth=prefix_depth if prefix_depth is not None else old.depth if old else 1,
             burst=prefix_burst if prefix_burst is not None else None,
             clock=self._clock,
+            schedule=(
+                limit_schedule if limit_schedule is not None else old.schedule if old else ()
+            ),
+            storm=storm if storm is not None else old.storm if old else None,
+            split_after=split_after
+            if split_after is not None
+            else (old.split_after if old else None),
         )
 
     def config(self) -> dict[str, Any]:
@@ -449,6 +385,9 @@ class Emulator:
             "prefix_rate": self._limiter.rate,
             "prefix_depth": self._limiter.depth,
             "prefix_burst": self._limiter.burst,
+            "limit_schedule": self._limiter.schedule,
+            "storm": self._limiter.storm,
+            "split_after": self._limiter.split_after,
             "store_bodies": self.store_bodies,
             "retry_after": self.retry_after,
             "min_part_size": self.min_part_size,
@@ -504,8 +443,15 @@ class Emulator:
             ),
             "uploads_in_progress": len(self.uploads),
             "prefixes_seen": self._limiter.prefixes,
+            "limiter": self._limiter_state(),
             "config": self.config(),
         }
+
+    def _limiter_state(self) -> dict[str, Any]:
+        state = self._limiter.describe()
+        t0 = state.pop("t0")
+        state["t0_wall"] = None if t0 is None else time.time() - (self._clock() - t0)
+        return state
 
     def objects(self, bucket: str, prefix: str = "") -> dict[str, dict[str, Any]]:
         b = self.buckets.get(bucket)
@@ -596,6 +542,7 @@ class Emulator:
             "bucket": ctx.bucket,
             "key": ctx.key,
             "prefix": prefix_of(ctx.key, self._limiter.depth) if ctx.key else None,
+            "partition": self._limiter.partition_of(ctx.bucket, ctx.key) if ctx.key else None,
             "status": status,
             "code": code,
             "bytes_in": ctx.bytes_in,
@@ -625,7 +572,16 @@ class Emulator:
             bucket = request.query.get("bucket", "")
             return web.json_response(self.objects(bucket, request.query.get("prefix", "")))
         if what == "config" and request.method == "POST":
-            allowed = ("latency_ms", "bandwidth", "prefix_rate", "prefix_depth", "prefix_burst")
+            allowed = (
+                "latency_ms",
+                "bandwidth",
+                "prefix_rate",
+                "prefix_depth",
+                "prefix_burst",
+                "limit_schedule",
+                "storm",
+                "split_after",
+            )
             changes = await request.json()
             self.configure(**{k: v for k, v in changes.items() if k in allowed})
             return web.json_response(self.config())
@@ -1258,6 +1214,20 @@ def parse_size(text: str) -> float:
     return float(m.group(1)) * scale
 
 
+def _pairs(text: str) -> list[tuple[float, float]]:
+    """``20:2,40:0.5`` -> [(20.0, 2.0), (40.0, 0.5)]."""
+    try:
+        return [_span(item) for item in text.split(",") if item]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not T:FACTOR pairs: {text!r}") from exc
+
+
+def _span(text: str) -> tuple[float, float]:
+    """``5:20`` -> (5.0, 20.0)."""
+    first, _, second = text.partition(":")
+    return float(first), float(second)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--host", default="127.0.0.1")
@@ -1265,8 +1235,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-ms", type=float, default=35.0, help="added to every request")
     p.add_argument("--bandwidth", type=parse_size, default=0.0, help="bytes/s, 0 = unlimited")
     p.add_argument("--prefix-rate", type=float, default=0.0, help="req/s per prefix, 0 = off")
-    p.add_argument("--prefix-depth", type=int, default=3, help="key segments of a prefix")
+    p.add_argument(
+        "--prefix-depth", type=int, default=1, help="key segments of a partition (1: ckpt/)"
+    )
     p.add_argument("--prefix-burst", type=float, default=None, help="default: 1 s worth")
+    p.add_argument(
+        "--limit-schedule",
+        type=_pairs,
+        default=(),
+        help="T:FACTOR,...: the limit times FACTOR from T s after the first request on",
+    )
+    p.add_argument(
+        "--storm", type=_span, default=None, help="START:END s after the first request: all 503"
+    )
+    p.add_argument(
+        "--split-after", type=float, default=None, help="s of sustained load before a split"
+    )
     p.add_argument("--retry-after", type=float, default=None, help="Retry-After on SlowDown")
     p.add_argument("--min-part-size", type=parse_size, default=5 * MIB)
     p.add_argument("--store-bodies", dest="store_bodies", action="store_true", default=True)
@@ -1289,6 +1273,9 @@ def main(argv: list[str] | None = None) -> int:
             prefix_rate=args.prefix_rate,
             prefix_depth=args.prefix_depth,
             prefix_burst=args.prefix_burst,
+            limit_schedule=args.limit_schedule,
+            storm=args.storm,
+            split_after=args.split_after,
             store_bodies=args.store_bodies,
             buckets=[b for b in args.buckets.split(",") if b],
             log_path=args.log,

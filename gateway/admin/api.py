@@ -47,11 +47,13 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def lane_figures(svc: AdminServices) -> list[dict[str, Any]]:
     """Per prefix lane: unflushed objects and bytes (journal) with the lane's flow control
-    (adaptive rate, uploads in flight, 503s, Retry-After pause). Lanes with nothing
+    (the rate it may send at: its bucket's shared budget, or its own when S3 throttles
+    its prefix on its own; uploads in flight, 503s, Retry-After pause). Lanes with nothing
     pending, in flight or throttled are left out."""
     flusher = svc.flusher
     pending = await svc.journal.lanes(flusher.lanes.prefix_of)
     control = {(s.bucket, s.prefix): s for s in flusher.lane_status()}
+    budgets = {b.bucket: b.rate_per_s for b in flusher.budget_status()}
     ceiling = flusher.lanes.config.rate_per_s
     out = []
     for ident in sorted(set(pending) | set(control)):
@@ -69,6 +71,8 @@ async def lane_figures(svc: AdminServices) -> list[dict[str, Any]]:
                 "rate_limit_per_s": lane.rate_limit_per_s if lane else ceiling,
                 "throttled_503": lane.throttles if lane else 0,
                 "paused_until_s": lane.paused_until_s if lane else None,
+                "isolated": lane.is_isolated if lane else False,
+                "bucket_rate_per_s": budgets.get(ident[0]),
             }
         )
     return out

@@ -11,11 +11,18 @@ Worker contract (after Garage's workers and rclone's write-back queue):
   them; what is left is pending on disk and resumes at the next start.
 
 Flow control: claims go through ``FlushPolicy`` (write-back delay, temp holds, lane room,
-commit ordering); every request then passes ``_slot``: first its lane's tokens, then one of
-the ``concurrency`` global slots and the global tokens, in that order, so a request held
-back by its lane holds neither a global slot nor a global token while it waits (a fast
-lane never queues behind slow lanes' backlog, and the global rate holds whatever the
-lanes do). Outcomes feed the lane's adaptive rate (AIMD) and ``Retry-After``.
+commit ordering); every request then passes ``_slot``: first its admission by ``Lanes``
+(the bucket's adaptive budget, shared by its lanes in fair rounds, oldest work first, and
+the lane's own gates: ``admission.py``), then one of the ``concurrency`` global slots and
+the global tokens, in that order, so a request held back by its lane or bucket holds
+neither a global slot nor a global token while it waits (a fast lane never queues behind
+slow lanes' backlog, and the global rate holds whatever the lanes do). Each answer goes
+back to ``Lanes`` with the time its request was sent (a 503 for a request sent before the
+budget's last cut is part of that congestion event; ``Retry-After`` pauses the lane).
+
+The admission is pure; this module is its async shell: a waiting request awaits a future
+that ``_pump`` resolves when ``Lanes.pump`` admits it, and one timer task wakes ``_pump``
+when ``Lanes.pump`` asks to be called again (tokens accrue, a pause ends). Nothing polls.
 """
 
 from __future__ import annotations
@@ -23,14 +30,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
+from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
-from gateway.flush.lanes import Lane, LaneConfig, Lanes, LaneStatus
+from gateway.flush.control import RateConfig
+from gateway.flush.lanes import Lane, LaneConfig, Lanes, LaneStatus, Ticket
 from gateway.flush.orphans import UpstreamUploads
 from gateway.flush.parts import split_parts
 from gateway.flush.policy import FlushPolicy, PolicyConfig
@@ -58,6 +68,7 @@ _SWEEP_INTERVAL_S = 60.0  # how often recorded, no longer open upstream uploads 
 # Upload tasks at most, per global slot: tasks waiting for their lane's tokens take no slot,
 # but each holds an open blob, so their number is still bounded.
 _TASKS_PER_SLOT = 4
+_TIMER_MIN_S = 0.001  # shortest sleep of the admission timer
 T = TypeVar("T")
 
 
@@ -90,6 +101,7 @@ class Flusher:
         backoff: Backoff | None = None,
         policy: PolicyConfig | None = None,
         lanes: LaneConfig | None = None,
+        flow: RateConfig | None = None,
         rate_per_s: float = 0.0,
         rate_burst: float = 0.0,
         bandwidth_bytes_per_s: int = 0,
@@ -102,7 +114,9 @@ class Flusher:
         self._clock = clock
         self._concurrency = concurrency
         self._backoff = backoff or Backoff()
-        self.lanes = Lanes(lanes or LaneConfig())
+        # Requests admitted but waiting for the global tokens (--flush-rate, bandwidth)
+        # count as in flight in Lanes, so a budget held back by those caps does not grow.
+        self.lanes = Lanes(lanes or LaneConfig(), flow or RateConfig(), concurrency)
         self.policy = FlushPolicy(policy or PolicyConfig(write_back_delay_s=0.0), self.lanes)
         now_s = clock.monotonic()
         self._requests = TokenBucket(rate_per_s, rate_burst, now_s)
@@ -117,7 +131,9 @@ class Flusher:
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(concurrency)  # requests sent or about to be
-        self._lane_waiting = 0  # tasks waiting for their lane's tokens (no slot held)
+        self._lane_waiting = 0  # tasks waiting for admission (no slot held)
+        self._timer: asyncio.Task[None] | None = None  # wakes _pump when Lanes asks
+        self._timer_s = math.inf
         self._room = asyncio.Event()  # set when claim room may have appeared
         self._by_key: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._uploads_ok = 0
@@ -140,6 +156,10 @@ class Flusher:
 
     def lane_status(self) -> list[LaneStatus]:
         return self.lanes.status(self._clock.monotonic())
+
+    def budget_status(self) -> list[BudgetStatus]:
+        """Per bucket: the adaptive budget its lanes share."""
+        return self.lanes.budgets()
 
     def status(self) -> FlusherStatus:
         state = "stopped" if self._stopping else ("paused" if self.is_paused else "running")
@@ -281,53 +301,91 @@ class Flusher:
 
     @contextlib.asynccontextmanager
     async def _slot(
-        self, lane: Lane, requests: int, size_bytes: int, *, sent: bool = True
+        self, lane: Lane, order: int, requests: int, size_bytes: int, *, sent: bool = True
     ) -> AsyncIterator[None]:
-        """Admission of one request, sent inside the ``async with``: the lane's tokens,
-        then a global slot, then the global tokens. Global tokens are taken only when the
-        lane lets the request go, so none is spent on a moment the request cannot use.
+        """Admission of one request, sent inside the ``async with``: its admission by
+        ``Lanes`` (``order``: the object's ack sequence, older first), then a global slot,
+        then the global tokens. Global tokens are taken only when the request may go, so
+        none is spent on a moment the request cannot use.
 
-        With ``sent``, the outcome goes to the lane with the moment the request left (its
-        rate is measured from send times): leaving the block is an acceptance, a
-        ``Throttled`` raised in it a throttle."""
-        await self._lane_tokens(lane, requests, size_bytes)
-        async with self._slots:
-            now_s = self._clock.monotonic()
-            wait_s = max(
-                self._requests.reserve(requests, now_s), self._bandwidth.reserve(size_bytes, now_s)
-            )
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
-            sent_s = self._clock.monotonic()
-            if sent:
-                lane.on_send(sent_s)
-            try:
-                yield
-            except Throttled as exc:
-                if sent:
-                    exc.lane_noted = True
-                    lane.on_throttle(self._clock.monotonic(), exc.retry_after_s, sent_s)
-                raise
-            if sent:
-                lane.on_success(self._clock.monotonic(), sent_s)
-
-    async def _lane_tokens(self, lane: Lane, requests: int, size_bytes: int) -> None:
-        """Wait for the lane's tokens (requests and bytes). A wait timed before the lane's
-        rate was cut is taken again at the new rate, so a cut slows the requests already
-        queued, not only later ones. While waiting, the task counts as holding no slot."""
-        while True:
-            cuts = lane.cuts
-            wait_s = lane.reserve(requests, size_bytes, self._clock.monotonic())
-            if wait_s > 0:
-                self._lane_waiting += 1
-                self._room.set()
-                try:
+        With ``sent``, the answer goes to ``Lanes`` with the moment the request left:
+        leaving the block is an acceptance, a ``Throttled`` raised in it a throttle (any
+        other error is neither: the budget learns nothing from it)."""
+        ticket = await self._admit(lane, order, requests, size_bytes)
+        try:
+            async with self._slots:
+                now_s = self._clock.monotonic()
+                wait_s = max(
+                    self._requests.reserve(requests, now_s),
+                    self._bandwidth.reserve(size_bytes, now_s),
+                )
+                if wait_s > 0:
                     await asyncio.sleep(wait_s)
-                finally:
-                    self._lane_waiting -= 1
-                lane.poll(self._clock.monotonic())  # a measurement may settle meanwhile
-            if lane.cuts == cuts:
-                return
+                if sent:
+                    self.lanes.on_sent(ticket, self._clock.monotonic())
+                try:
+                    yield
+                except Throttled as exc:
+                    if sent:
+                        exc.lane_noted = True
+                        self.lanes.on_answer(
+                            ticket,
+                            self._clock.monotonic(),
+                            throttled=True,
+                            retry_after_s=exc.retry_after_s,
+                        )
+                    raise
+                if sent:
+                    self.lanes.on_answer(ticket, self._clock.monotonic(), throttled=False)
+        finally:
+            self.lanes.done(ticket)
+            self._pump()
+
+    async def _admit(self, lane: Lane, order: int, requests: int, size_bytes: int) -> Ticket:
+        """Wait until ``Lanes`` admits this request. While waiting, the task counts as
+        holding no global slot (``_claim_room``)."""
+        ticket = self.lanes.submit(lane, order, requests, size_bytes, self._clock.monotonic())
+        self._lane_waiting += 1
+        self._room.set()
+        try:
+            while not ticket.is_granted:
+                waker: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                ticket.waker = waker
+                self._pump()
+                if not ticket.is_granted:
+                    await waker
+        except BaseException:
+            self.lanes.cancel(ticket)
+            self._pump()
+            raise
+        finally:
+            self._lane_waiting -= 1
+        return ticket
+
+    def _pump(self) -> None:
+        """Admit what may go now (wake its waiters) and arm the timer for the next time
+        ``Lanes`` wants to be asked. Called whenever something changed."""
+        granted, next_s = self.lanes.pump(self._clock.monotonic())
+        for ticket in granted:
+            waker = ticket.waker
+            if isinstance(waker, asyncio.Future) and not waker.done():
+                waker.set_result(None)
+        if next_s == math.inf:
+            if self._timer is not None and not self.lanes.has_waiting:
+                self._timer.cancel()  # nothing waits: no reason to wake
+                self._timer, self._timer_s = None, math.inf
+        elif next_s < self._timer_s:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_s = next_s
+            self._timer = asyncio.create_task(self._wake_at(next_s), name="flush admission")
+
+    async def _wake_at(self, at_s: float) -> None:
+        # At least a millisecond: a wait the clock cannot resolve must not spin the loop.
+        await asyncio.sleep(max(_TIMER_MIN_S, at_s - self._clock.monotonic()))
+        if self._timer_s == at_s:
+            self._timer, self._timer_s = None, math.inf
+        self._pump()
 
     async def _upload(self, obj: LocalObject, lane: Lane) -> None:
         if obj.is_delete:
@@ -335,7 +393,7 @@ class Flusher:
                 # A temp key that lived and died here: it never reached the upstream, and
                 # temp names are not expected there from elsewhere. Nothing to send.
                 return
-            async with self._slot(lane, 1, 0):
+            async with self._slot(lane, obj.seq, 1, 0):
                 await self._upstream.delete_object(obj.meta.bucket, obj.meta.key)
             return
         with contextlib.ExitStack() as files:
@@ -366,30 +424,30 @@ class Flusher:
                 # upstream checks it (moto does not): a bad body MUST NOT become the
                 # bucket's latest version, so check before sending (usually page cache).
                 await _require_md5(opened[0], obj.meta.etag)
-                async with self._slot(lane, 1, obj.meta.size_bytes):
+                async with self._slot(lane, obj.seq, 1, obj.meta.size_bytes):
                     etag = await self._upstream.put_object(obj.meta, opened[0])
                 _check_etag(etag, obj.meta.etag)
                 return
             # CreateMultipartUpload takes its tokens here but is sent by put_multipart,
             # outside the slot; each part and the completion hold a slot while sent.
-            async with self._slot(lane, 1, 0, sent=False):
+            async with self._slot(lane, obj.seq, 1, 0, sent=False):
                 pass
 
             async def run(size_bytes: int, send: Callable[[], Awaitable[T]]) -> T:
-                return await self._send_request(lane, size_bytes, send)
+                return await self._send_request(lane, obj.seq, size_bytes, send)
 
             etag = await self._put_multipart(obj, sources, run)
         _check_etag(etag, expected)
 
     async def _send_request(
-        self, lane: Lane, size_bytes: int, send: Callable[[], Awaitable[T]]
+        self, lane: Lane, order: int, size_bytes: int, send: Callable[[], Awaitable[T]]
     ) -> T:
         """One request of a multipart upload: tokens first, then up to ``_REQUEST_TRIES``
         tries with backoff on throttles and transient errors, so one 503 costs one retried
         part rather than a restarted upload."""
         for attempt in range(_REQUEST_TRIES):
             try:
-                async with self._slot(lane, 1, size_bytes):
+                async with self._slot(lane, order, 1, size_bytes):
                     return await send()
             except (Throttled, Retryable) as exc:
                 self._note_transient(lane, exc)
@@ -418,14 +476,16 @@ class Flusher:
         return current is None or current.seq != obj.seq
 
     def _note_transient(self, lane: Lane, exc: FlushError) -> None:
-        """Count a transient failure; a throttle also cuts (or pauses) the lane."""
+        """Count a transient failure; a throttle also goes to the admission (once)."""
         self._retries += 1
         metrics.FLUSH_RETRIES.inc()
         if isinstance(exc, Throttled):
             self._throttles += 1
             metrics.FLUSH_THROTTLES.labels(lane.bucket, lane.prefix).inc()
             if not exc.lane_noted:  # not sent through a slot (CreateMultipartUpload)
-                lane.on_throttle(self._clock.monotonic(), exc.retry_after_s)
+                exc.lane_noted = True
+                self.lanes.on_unsent_throttle(lane, self._clock.monotonic(), exc.retry_after_s)
+                self._pump()
 
     async def _on_failure(self, obj: LocalObject, lane: Lane, exc: FlushError) -> None:
         """Record a failed try: ``failed`` with its error when retrying cannot cure it, else
@@ -443,8 +503,8 @@ class Flusher:
                 await self._journal.mark_failed(obj, error)
                 return
             self._note_transient(lane, exc)
-            # A throttle is paced by the lane's (cut) rate: the row's own backoff does not
-            # grow with its attempts too, or a lane's last rows would idle for seconds.
+            # A throttle is paced by the bucket's (cut) budget: the row's own backoff does
+            # not grow with its attempts too, or a lane's last rows would idle for seconds.
             tries = 0 if isinstance(exc, Throttled) else obj.attempts
             delay = self._backoff.delay_s(tries, exc.retry_after_s)
             log.warning(

@@ -1,19 +1,25 @@
 """Prefix lanes: pending objects partitioned by bucket and key prefix.
 
-S3 scales its request-rate limits per key prefix, so the flusher keeps per prefix what a
-throttle affects: an adaptive request rate (``AimdRate``) feeding a ``TokenBucket``, an
-optional bytes-per-second bucket, a concurrency count and a pause after ``Retry-After``.
-A lane throttled hard therefore never slows the others.
+A lane keeps what belongs to one prefix: the order of its waiting requests (oldest work
+first), its concurrency, a pause after ``Retry-After``, its hard caps (``--lane-rate``,
+``--lane-bandwidth``) and, only once S3 is seen throttling that prefix on its own, an
+adaptive rate of its own (``isolation``). Every other lane of a bucket shares the bucket's
+adaptive budget (``admission.py``): S3 does not show how it partitions a bucket, so the
+lanes are for ordering, fairness and isolation, not for guessing limits.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
+import itertools
 import logging
-import random
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
-from gateway.flush.ratelimit import AimdRate, RatePool, TokenBucket
+from gateway.flush.admission import BucketBudget, BudgetStatus
+from gateway.flush.control import AdaptiveRate, Answers, RateConfig
+from gateway.flush.ratelimit import Pacer, TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +42,8 @@ def lane_prefix(key: str, depth: int) -> str:
 @dataclass(frozen=True, slots=True)
 class LaneConfig:
     depth: int = 3
-    rate_per_s: float = 3500.0  # ceiling of the adaptive rate; S3's per-prefix write limit
-    min_rate_per_s: float = 0.1
+    rate_per_s: float = 3500.0  # hard cap per lane; S3's documented per-prefix write limit
+    min_rate_per_s: float = 0.1  # floor of an isolated lane's adaptive rate
     bandwidth_bytes_per_s: int = 0  # 0: unlimited
     concurrency: int = 8
 
@@ -46,135 +52,181 @@ class LaneConfig:
 class LaneStatus:
     bucket: str
     prefix: str
-    rate_limit_per_s: float
+    rate_limit_per_s: float  # what this lane may send now: its own rate, or the bucket's
     in_flight: int
     throttles: int
     paused_until_s: float | None
+    is_isolated: bool = False  # throttled on its own: paced by its own adaptive rate
+    waiting_requests: int = 0  # requests waiting for admission
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One request waiting for admission, then in flight (identity matters, not value)."""
+
+    lane: Lane
+    order: int  # smaller goes first: the object's acknowledgement sequence
+    requests: int
+    size_bytes: int
+    serial: int = 0  # ties within one order (the parts of one upload) go in arrival order
+    granted_s: float | None = None
+    sent_s: float | None = None
+    is_cancelled: bool = False
+    is_done: bool = False
+    waker: object = field(default=None, repr=False)  # the async shell's handle
+
+    @property
+    def is_granted(self) -> bool:
+        return self.granted_s is not None
 
 
 class Lane:
-    """One prefix lane's flow-control state (mutated only on the event loop)."""
+    """One prefix lane's state (mutated only on the event loop, read by the claim policy).
 
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str,
-        config: LaneConfig,
-        now_s: float,
-        pool: RatePool | None = None,
-        probe_jitter: Callable[[], float] | None = None,
-    ) -> None:
+    ``has_room``, ``in_flight`` and ``concurrency`` are what the claim side uses; the rest
+    belongs to the admission (``admission.BucketBudget``).
+    """
+
+    def __init__(self, bucket: str, prefix: str, config: LaneConfig, now_s: float) -> None:
         self.bucket = bucket
         self.prefix = prefix
-        self.rate = AimdRate(config.rate_per_s, config.min_rate_per_s, now_s, pool=pool)
-        self.requests = TokenBucket(config.rate_per_s, max(config.rate_per_s, 1.0), now_s)
-        self.bandwidth = TokenBucket(
-            config.bandwidth_bytes_per_s, config.bandwidth_bytes_per_s, now_s
-        )
+        self.config = config
         self.concurrency = config.concurrency
         self.in_flight = 0
         self.throttles = 0
-        self.cuts = 0  # rate cuts so far: a request timed before a cut is re-timed
         self.paused_until_s = 0.0
+        self.round = 0.0  # start-time fair queueing: the round its next request is in
         self.last_used_s = now_s
-        self._last_sent_s: float | None = None
-        self._probe_jitter = probe_jitter
+        self.last_throttle_s: float | None = None
+        self.isolation: AdaptiveRate | None = None
+        self.answers = Answers()  # its own, to start an isolated rate from
+        self.heap_key: tuple[float, int, int] | None = None  # its entry in the bucket's heap
+        self._waiting: list[tuple[int, int, Ticket]] = []
+        self._hard_cap = TokenBucket(config.rate_per_s, max(config.rate_per_s, 1.0), now_s)
+        self._bandwidth = TokenBucket(
+            config.bandwidth_bytes_per_s, config.bandwidth_bytes_per_s, now_s
+        )
+        self._isolation_pacer: Pacer | None = None
+        self._own_binding = False
+        self._serials = itertools.count()
 
     def has_room(self, now_s: float, claimed_now: int) -> bool:
         """Whether one more upload may start: a free slot and no Retry-After pause."""
         return self.in_flight + claimed_now < self.concurrency and now_s >= self.paused_until_s
 
-    def reserve(self, requests: int, size_bytes: int, now_s: float) -> float:
-        """Take tokens for an upload; seconds to wait before sending it."""
-        self.last_used_s = now_s
+    # -- waiting requests (oldest work first) --------------------------------------------
+
+    def add(self, ticket: Ticket) -> None:
+        ticket.serial = next(self._serials)
+        heapq.heappush(self._waiting, (ticket.order, ticket.serial, ticket))
+
+    def head(self) -> Ticket | None:
+        """The oldest waiting request (cancelled ones are dropped on the way)."""
+        while self._waiting and self._waiting[0][2].is_cancelled:
+            heapq.heappop(self._waiting)
+        return self._waiting[0][2] if self._waiting else None
+
+    def head_key(self) -> tuple[int, int] | None:
+        ticket = self.head()
+        return None if ticket is None else (ticket.order, ticket.serial)
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for entry in self._waiting if not entry[2].is_cancelled)
+
+    # -- gates of the lane itself --------------------------------------------------------
+
+    def wait_s(self, ticket: Ticket, now_s: float) -> float:
+        """Seconds before the lane itself lets ``ticket`` go (0: now): the Retry-After
+        pause, the hard caps, and the isolated lane's own adaptive rate."""
         wait_s = max(
-            self.requests.reserve(requests, now_s), self.bandwidth.reserve(size_bytes, now_s)
+            self.paused_until_s - now_s,
+            self._hard_cap.wait_s(ticket.requests, now_s),
+            self._bandwidth.wait_s(ticket.size_bytes, now_s),
         )
-        if self._probe_jitter is not None and self.rate.phase == "measuring":
-            # Each probe at a random point of its interval: lanes started together would
-            # otherwise probe in step, and their measurements err alike (pooled, they
-            # would be worth no more than one).
-            wait_s += self._probe_jitter() / self.rate.rate_per_s
-        return wait_s
+        if self.isolation is not None and self._isolation_pacer is not None:
+            self.isolation.tick(now_s, self._own_binding)
+            self.repace(now_s)
+            own_s = self._isolation_pacer.wait_s(ticket.requests, now_s)
+            self._own_binding = own_s > 0 and wait_s <= 0  # its own rate holds it back
+            wait_s = max(wait_s, own_s)
+        return max(0.0, wait_s)
 
-    def _apply_rate(self, now_s: float) -> None:
-        # The burst follows the rate (one second's worth): a lane cut to 5/s must not
-        # spend thousands of tokens banked at its old rate, or the cut would not bite.
-        rate = self.rate.rate_per_s
-        self.requests.set_rate(rate, now_s, burst=max(1.0, rate))
+    def grant(self, ticket: Ticket, now_s: float) -> None:
+        """Take the lane's tokens for ``ticket`` (its head) and remove it from the queue."""
+        heapq.heappop(self._waiting)
+        ticket.granted_s = now_s
+        self.last_used_s = now_s
+        self._hard_cap.take(ticket.requests, now_s)
+        self._bandwidth.take(ticket.size_bytes, now_s)
+        if self._isolation_pacer is not None:
+            self._isolation_pacer.take(ticket.requests, now_s)
+            self._own_binding = bool(self._waiting)  # what is left waits for its own rate
 
-    def poll(self, now_s: float) -> None:
-        """Let a measurement settle on time alone (see ``AimdRate.poll``)."""
-        if self.rate.poll(now_s):
-            self._cut(now_s)
+    # -- isolation: an adaptive rate of its own ------------------------------------------
 
-    def on_send(self, sent_s: float) -> None:
-        """A request of this lane left at ``sent_s`` (its outcome will say the same)."""
-        self.rate.on_send(sent_s)
-        if self._last_sent_s is None or sent_s > self._last_sent_s:
-            self._last_sent_s = sent_s
+    def isolate(self, rate: RateConfig, sent_s: float, now_s: float) -> None:
+        """S3 throttles this prefix on its own: from now on the lane is paced by a rate of
+        its own, started from what S3 accepted of it lately and cut for this throttle."""
+        floor = min(self.config.min_rate_per_s, rate.floor_per_s)
+        ceiling = min(rate.ceiling_per_s, self.config.rate_per_s)
+        config = dataclasses.replace(rate, floor_per_s=floor, ceiling_per_s=ceiling)
+        sending = max(self.answers.accepted_per_s(now_s), floor)
+        self.isolation = AdaptiveRate(config, now_s, w_max_per_s=sending)
+        self.isolation.on_throttle(sent_s, now_s)
+        own = self.isolation.rate_per_s
+        self._isolation_pacer = Pacer(own, now_s)
+        self._isolation_pacer.follow(own, now_s, cut=True)
+        log.info(
+            "lane %s/%s is throttled on its own: paced at %.3f/s (%.3f/s got through)",
+            self.bucket,
+            self.prefix,
+            own,
+            sending,
+        )
 
-    def on_success(self, now_s: float, sent_s: float | None = None) -> None:
-        """A request sent at ``sent_s`` (default: now) was accepted."""
-        if self.rate.on_success(now_s, sent_s):
-            self._cut(now_s)
-        else:
-            self._apply_rate(now_s)
+    def end_isolation(self) -> None:
+        log.info("lane %s/%s shares its bucket's budget again", self.bucket, self.prefix)
+        self.isolation = None
+        self._isolation_pacer = None
 
-    def on_throttle(
-        self, now_s: float, retry_after_s: float | None, sent_s: float | None = None
-    ) -> None:
-        """A request sent at ``sent_s`` (default: now) was throttled."""
-        self.throttles += 1
-        if self.rate.on_throttle(now_s, sent_s):
-            self._cut(now_s)
-        if retry_after_s:
-            self.paused_until_s = max(self.paused_until_s, now_s + retry_after_s)
+    def repace(self, now_s: float, *, drain: bool = False) -> None:
+        """Follow the isolated rate's latest value (after an outcome or a tick); ``drain``
+        after a cut (the prefix's bucket is empty: the next request waits an interval)."""
+        if self.isolation is not None and self._isolation_pacer is not None:
+            self._isolation_pacer.follow(self.isolation.rate_per_s, now_s, cut=drain)
 
-    def _cut(self, now_s: float) -> None:
-        # Every request waiting for this lane's tokens reserves again at the new rate (the
-        # flusher checks ``cuts``), so the debt they ran up is dropped, not paid twice:
-        # kept, it idled a lane of one request per second for 15 s after a cut.
-        # The prefix's bucket is empty since the latest request that may have taken its
-        # token (a measurement knows which; otherwise the latest sent): what it earned
-        # since is not waited for again.
-        self.cuts += 1
-        self._apply_rate(now_s)  # first: the restart counts tokens at the new rate
-        since_s = self.rate.pop_empty_since_s()
-        if since_s is not None:
-            low, high = self.rate.bounds_per_s
-            log.info(
-                "lane %s/%s measured the prefix's limit: %.3f/s (bounds %.3f-%.3f/s); "
-                "flushing at %.3f/s",
-                self.bucket,
-                self.prefix,
-                self.rate.estimate_per_s or 0.0,
-                low,
-                high,
-                self.rate.rate_per_s,
-            )
-        self.requests.restart(now_s, self._last_sent_s if since_s is None else since_s)
-        self.bandwidth.forgive(now_s)
-
-    def status(self, now_s: float) -> LaneStatus:
+    def status(self, now_s: float, bucket_rate_per_s: float) -> LaneStatus:
+        own = self.isolation.rate_per_s if self.isolation is not None else bucket_rate_per_s
         return LaneStatus(
             self.bucket,
             self.prefix,
-            round(self.rate.rate_per_s, 3),
+            round(min(own, self.config.rate_per_s), 3),
             self.in_flight,
             self.throttles,
             self.paused_until_s if self.paused_until_s > now_s else None,
+            self.isolation is not None,
+            self.waiting,
         )
 
 
 class Lanes:
-    """The lanes, created on first use."""
+    """The lanes (created on first use) and each bucket's budget: the admission of every
+    request the flusher sends. Pure: the flusher's async shell calls ``submit``, then
+    ``pump`` whenever something changed (a request waits, an answer came, a slot was
+    freed, or the time ``pump`` asked to be called again has come), and reports every
+    granted request's send (``on_sent``) and end (``on_answer``).
+    """
 
-    def __init__(self, config: LaneConfig) -> None:
+    def __init__(
+        self, config: LaneConfig, flow: RateConfig | None = None, concurrency: int = 0
+    ) -> None:
         self.config = config
+        self.flow = flow or RateConfig()
+        self.concurrency = concurrency  # requests admitted and not answered (0: no limit)
+        self.in_flight = 0
         self._lanes: dict[tuple[str, str], Lane] = {}
-        self._pools: dict[str, RatePool] = {}  # per bucket: its lanes' measured limits
-        self._random = random.Random()
+        self._budgets: dict[str, BucketBudget] = {}
 
     def prefix_of(self, key: str) -> str:
         return lane_prefix(key, self.config.depth)
@@ -185,33 +237,126 @@ class Lanes:
         if lane is None:
             if len(self._lanes) >= _MAX_IDLE_LANES:
                 self._forget_idle(now_s)
-            pool = self._pools.setdefault(bucket, RatePool())
-            lane = self._lanes[ident] = Lane(
-                bucket, ident[1], self.config, now_s, pool, self._random.random
-            )
+            lane = self._lanes[ident] = Lane(bucket, ident[1], self.config, now_s)
         return lane
 
     def peek(self, bucket: str, key: str) -> Lane | None:
         """The lane of a key if it exists (no side effects: safe from the journal thread)."""
         return self._lanes.get((bucket, self.prefix_of(key)))
 
+    def budget(self, bucket: str, now_s: float) -> BucketBudget:
+        budget = self._budgets.get(bucket)
+        if budget is None:
+            budget = self._budgets[bucket] = BucketBudget(bucket, self.flow, now_s)
+        return budget
+
+    # -- admission -------------------------------------------------------------------------
+
+    def submit(
+        self, lane: Lane, order: int, requests: int, size_bytes: int, now_s: float
+    ) -> Ticket:
+        """A request of ``lane`` waits for admission; ``order`` ranks it (smaller first)."""
+        ticket = Ticket(lane, order, requests, size_bytes)
+        lane.add(ticket)
+        lane.last_used_s = now_s
+        self.budget(lane.bucket, now_s).enqueue(lane)
+        return ticket
+
+    @property
+    def has_waiting(self) -> bool:
+        """Whether any request waits for admission."""
+        return any(budget.has_waiting for budget in self._budgets.values())
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The waiter gave up (its upload was cancelled): drop it, or end it if granted."""
+        if ticket.is_granted:
+            self.done(ticket)
+        else:
+            ticket.is_cancelled = True
+
+    def pump(self, now_s: float) -> tuple[list[Ticket], float]:
+        """Admit what may go now (every bucket, oldest work first within each); returns
+        the admitted tickets and when to pump again at the latest (inf: not needed until
+        something changes)."""
+        granted: list[Ticket] = []
+        next_s = math.inf
+        waiting = [b for b in self._budgets.values() if b.top_key is not None]
+        for budget in sorted(waiting, key=lambda b: b.top_key or (0, 0)):
+            room = self.concurrency - self.in_flight if self.concurrency > 0 else 1 << 30
+            if room <= 0:
+                break
+            admitted, wake_s = budget.grant(now_s, room)
+            self.in_flight += len(admitted)
+            granted += admitted
+            next_s = min(next_s, wake_s)
+        return granted, next_s
+
+    def on_sent(self, ticket: Ticket, sent_s: float) -> None:
+        """The admitted request left at ``sent_s``: its answer is judged by when it left
+        (a throttle of a request sent before the last cut is part of that event)."""
+        ticket.sent_s = sent_s
+
+    def on_answer(
+        self, ticket: Ticket, now_s: float, *, throttled: bool, retry_after_s: float | None = None
+    ) -> None:
+        """The upstream accepted (``throttled`` False) or throttled the request."""
+        lane, sent_s = ticket.lane, ticket.sent_s if ticket.sent_s is not None else now_s
+        budget = self.budget(lane.bucket, now_s)
+        if throttled:
+            self._throttled(lane, sent_s, now_s, retry_after_s)
+        else:
+            budget.on_success(lane, sent_s, now_s)
+        self.done(ticket)
+
+    def on_unsent_throttle(self, lane: Lane, now_s: float, retry_after_s: float | None) -> None:
+        """A throttle of a request that did not go through ``on_sent`` (sent by the upstream
+        client on its own: CreateMultipartUpload); counted as sent just now."""
+        self._throttled(lane, now_s, now_s, retry_after_s)
+
+    def _throttled(
+        self, lane: Lane, sent_s: float, now_s: float, retry_after_s: float | None
+    ) -> None:
+        lane.throttles += 1
+        lane.last_throttle_s = now_s
+        if retry_after_s:
+            lane.paused_until_s = max(lane.paused_until_s, now_s + retry_after_s)
+        self.budget(lane.bucket, now_s).on_throttle(lane, sent_s, now_s)
+
+    def done(self, ticket: Ticket) -> None:
+        """The admitted request is over (any outcome): its global slot is free."""
+        if ticket.is_granted and not ticket.is_done:
+            ticket.is_done = True
+            self.in_flight -= 1
+
+    # -- status ----------------------------------------------------------------------------
+
     def _forget_idle(self, now_s: float) -> None:
         """Forget the least recently used idle lanes, down to half the cap. A lane paused by
-        Retry-After, or cut below its ceiling within the last minutes, keeps its state."""
+        Retry-After, or throttled within the last minutes, keeps its state."""
 
         def forgettable(lane: Lane) -> bool:
-            recovered = lane.rate.rate_per_s >= lane.rate.ceiling_per_s
+            recent = lane.last_throttle_s is not None and (
+                now_s - lane.last_throttle_s <= _THROTTLE_MEMORY_S
+            )
             return (
                 lane.in_flight == 0
+                and lane.heap_key is None
                 and lane.paused_until_s <= now_s
-                and (recovered or now_s - lane.last_used_s > _THROTTLE_MEMORY_S)
+                and not recent
             )
 
         idle = sorted(
             (lane.last_used_s, ident) for ident, lane in self._lanes.items() if forgettable(lane)
         )
         for _, ident in idle[: max(0, len(self._lanes) - _MAX_IDLE_LANES // 2)]:
-            del self._lanes[ident]
+            lane = self._lanes.pop(ident)
+            self.budget(lane.bucket, now_s).forget(lane)
 
     def status(self, now_s: float) -> list[LaneStatus]:
-        return [lane.status(now_s) for lane in self._lanes.values()]
+        return [
+            lane.status(now_s, self.budget(lane.bucket, now_s).rate.rate_per_s)
+            for lane in self._lanes.values()
+        ]
+
+    def budgets(self) -> list[BudgetStatus]:
+        return [budget.status() for budget in self._budgets.values()]

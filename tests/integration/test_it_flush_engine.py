@@ -219,18 +219,19 @@ def test_503_storm_every_ack_lands_once(rig_factory: Callable[..., Rig]) -> None
     )
 
 
-def test_lanes_settle_near_the_prefix_limit(rig_factory: Callable[..., Rig]) -> None:
-    """Three prefixes allowed 4 requests/s each (a bucket of 4, about a second's worth as
-    in S3) get 40 objects each at once. Each lane measures the limit in its first
-    seconds, then runs near it: few 503s after its first 3 s, a rate near 4/s. Counts and
-    rates from the status and the upstream's log, with margins for a busy machine: the
-    bench (loadtest/bench.py) is where the figures are measured."""
-    rig = rig_factory(["--lane-depth", "3"], prefix_rate=4, prefix_burst=4, prefix_depth=3)
+def test_budget_converges_near_a_limit_its_lanes_share(rig_factory: Callable[..., Rig]) -> None:
+    """One upstream partition (``conv/``, 10 requests/s, a second's burst, as a fresh S3
+    bucket throttles) shared by three rank lanes with 40 objects each. The bucket's budget
+    slow-starts, is cut at the first 503s, then runs near the limit: few 503s after the
+    first 3 s, the accepted rate near 10/s, the reported budget near 10/s. Margins for a
+    busy machine: the bench (loadtest/bench.py) is where the figures are measured."""
+    limit = 10.0
+    rig = rig_factory(["--lane-depth", "3"], prefix_rate=limit, prefix_burst=limit, prefix_depth=1)
     s3 = rig.s3
     bodies = {
-        f"settle/step_1/rank_{r}/shard_{i:02d}": payload(2048, seed=f"settle{r}-{i}")
-        for r in range(3)
+        f"conv/step_1/rank_{r}/shard_{i:02d}": payload(2048, seed=f"conv{r}-{i}")
         for i in range(40)
+        for r in range(3)
     }
     with rig.gw.flush_paused():
         for key, body in bodies.items():
@@ -239,16 +240,23 @@ def test_lanes_settle_near_the_prefix_limit(rig_factory: Callable[..., Rig]) -> 
     rig.assert_stored(bodies)
 
     puts = [e for e in rig.log() if e["op"] == "PutObject"]
+    assert {e["prefix"] for e in puts} == {"conv/"}
+    first_s = min(e["t"] for e in puts)
+    later = [e for e in puts if e["t"] >= first_s + 3.0]
+    refused = sum(1 for e in later if e["status"] == 503)
+    assert refused <= max(2, len(later) // 20), (refused, len(later))
+    accepted = sorted(e["t"] for e in later if e["status"] == 200)
+    span_s = accepted[-1] - accepted[0]
+    assert len(accepted) / span_s >= 0.7 * limit, (len(accepted), span_s)
     lanes = rig.lanes()
-    for r in range(3):
-        prefix = f"settle/step_1/rank_{r}/"
-        mine = [e for e in puts if e["prefix"] == prefix]
-        first_s = min(e["t"] for e in mine)
-        later = [e for e in mine if e["t"] >= first_s + 3.0]
-        refused = sum(1 for e in later if e["status"] == 503)
-        assert sum(1 for e in mine if e["status"] == 503) > 0, "no 503: nothing to measure"
-        assert refused <= max(2, len(later) // 10), (prefix, refused, len(later))
-        assert 0.6 * 4 <= lanes[prefix]["rate_limit_per_s"] <= 1.25 * 4, lanes[prefix]
+    assert {lane["bucket_rate_per_s"] for lane in lanes.values()} != {None}
+    for lane in lanes.values():
+        assert 0.5 * limit <= lane["bucket_rate_per_s"] <= 1.6 * limit, lane
+        assert not lane["isolated"]
+    print(
+        f"shared limit {limit}/s: {refused} of {len(later)} PUTs refused after 3 s, "
+        f"{len(accepted) / span_s:.2f}/s accepted, budget {lanes}"
+    )
 
 
 # -- 2. lane isolation -------------------------------------------------------------------------

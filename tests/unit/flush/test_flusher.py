@@ -20,8 +20,8 @@ from fakes import FakeUpstream
 
 from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.flush.backoff import Backoff
+from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
-from gateway.flush.lanes import LaneConfig
 from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import (
@@ -35,6 +35,11 @@ from gateway.store.journal import (
 )
 from gateway.store.uploads import Part, Upload, UploadJournal
 from gateway.upstream.classify import Fatal, Retryable, Throttled
+
+# Flow control out of the way: these tests are about the write-back, not the rate (a budget
+# starting at 1M/s, never cut below 1000/s); tests/unit/flush/test_admission.py and
+# tests/sim are about the rate.
+FAST_FLOW = RateConfig(initial_per_s=1e6, floor_per_s=1000.0)
 
 BUCKET = "ckpt"
 
@@ -96,6 +101,7 @@ def _flusher(
         clock or SystemClock(),
         concurrency=concurrency,
         backoff=_backoff(),
+        flow=FAST_FLOW,
     )
 
 
@@ -347,15 +353,14 @@ class _RecordingBackoff(Backoff):
 async def test_flusher_throttle_retry_delay_does_not_grow_with_attempts(
     journal: Journal, blobs: BlobStore, upstream: FakeUpstream
 ) -> None:
-    """A 503 is paced by the lane's cut rate: the row's backoff stays at its first step.
-    Other transient errors back off by the row's attempts as before."""
+    """A 503 is paced by the bucket's cut budget: the row's backoff stays at its first
+    step. Other transient errors back off by the row's attempts as before."""
     upstream.fail_puts(
         Throttled("503"), Throttled("503"), Throttled("503"), Retryable("500"), Retryable("500")
     )
     backoff = _RecordingBackoff()
-    lanes = LaneConfig(min_rate_per_s=1000.0)  # lane cuts stay fast: only backoff matters
-    flusher = Flusher(
-        journal, blobs, upstream, SteppingClock(), concurrency=4, backoff=backoff, lanes=lanes
+    flusher = Flusher(  # budget cuts stay fast (FAST_FLOW's floor): only backoff matters
+        journal, blobs, upstream, SteppingClock(), concurrency=4, backoff=backoff, flow=FAST_FLOW
     )
 
     async with _running(flusher):

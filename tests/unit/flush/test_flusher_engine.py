@@ -23,6 +23,7 @@ from fakes import FakeUpstream
 from gateway.clock import FakeClock
 from gateway.flush import flusher as flusher_module
 from gateway.flush.backoff import Backoff
+from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
 from gateway.flush.lanes import LaneConfig, LaneStatus
 from gateway.flush.policy import PolicyConfig
@@ -33,6 +34,9 @@ from gateway.upstream.classify import Retryable, Throttled
 
 BUCKET = "ckpt"
 WAIT_S = 5.0
+# Flow control out of the way unless a test is about it: a budget starting at 1M/s, never
+# cut below 1000/s (the waits it computes on the fake clock are then a millisecond or less).
+FAST_FLOW = RateConfig(initial_per_s=1e6, floor_per_s=1000.0)
 MiB = 1 << 20
 
 
@@ -78,6 +82,7 @@ def _flusher(
     **kwargs: Any,
 ) -> Flusher:
     kwargs.setdefault("concurrency", 8)
+    kwargs.setdefault("flow", FAST_FLOW)
     return Flusher(
         journal,
         blobs,
@@ -188,6 +193,84 @@ def _advance(journal: Journal, clock: FakeClock, seconds: float) -> None:
 def _lane(flusher: Flusher, prefix: str) -> LaneStatus:
     [status] = [s for s in flusher.lane_status() if s.prefix == prefix]
     return status
+
+
+class _VirtualTime:
+    """Stands in for ``asyncio`` inside the flusher module: ``sleep(d)`` waits until the
+    FakeClock reaches the caller's now + ``d``; ``tick()`` moves the clock to the earliest
+    sleeper's deadline and wakes every sleeper due then. With ``frozen`` the clock never
+    moves: a sleeper waits until the test ends."""
+
+    def __init__(self, clock: FakeClock, *, frozen: bool = False) -> None:
+        self.clock = self._clock = clock
+        self._frozen = frozen
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._count = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay: float) -> None:
+        if delay <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._count += 1
+        self._sleepers.append((self._clock.monotonic() + delay, self._count, future))
+        await future
+
+    def tick(self) -> bool:
+        """Advance to the next deadline (False if nobody sleeps)."""
+        live = [s for s in self._sleepers if not s[2].done()]
+        if self._frozen or not live:
+            return False
+        due_s = min(s[0] for s in live)
+        self._clock.advance(max(0.0, due_s - self._clock.monotonic()))
+        for deadline_s, _, future in live:
+            if deadline_s <= due_s:
+                future.set_result(None)
+        self._sleepers = [s for s in live if not s[2].done()]
+        return True
+
+
+class _TimedUpstream(FakeUpstream):
+    """Records the clock reading at which each PUT was sent."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__([BUCKET])
+        self._clock = clock
+        self.sent: list[tuple[float, str]] = []
+
+    async def put_object(self, meta: ObjectMeta, body: BinaryIO | Path) -> str:
+        self.sent.append((self._clock.monotonic(), meta.key))
+        return await super().put_object(meta, body)
+
+
+async def _ticking(
+    virtual: _VirtualTime,
+    journal: Journal,
+    check: Callable[[], Awaitable[bool]],
+    timeout_s: float = WAIT_S,
+) -> None:
+    """Wait until ``check()`` holds, moving the virtual clock to the next sleeper whenever
+    nothing else can happen (the flusher waits for tokens or a pause), or by 10 ms when
+    nothing sleeps (a row's backoff runs on the journal's wall clock)."""
+
+    async def wait() -> None:
+        while not await check():
+            await asyncio.sleep(0.002)
+            if not virtual.tick():
+                _advance(journal, virtual.clock, 0.01)
+
+    await asyncio.wait_for(wait(), timeout_s)
+
+
+def _durable(journal: Journal, keys: list[str]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        rows = [await journal.get(BUCKET, k) for k in keys]
+        return all(r is not None and r.state is FlushState.DURABLE for r in rows)
+
+    return check
 
 
 # -- (a) temp keys that never need to reach the upstream -----------------------------------
@@ -450,71 +533,70 @@ async def test_rename_dance_after_shards_keeps_the_marker_last(
 
 
 async def test_throttled_lane_does_not_hold_back_other_lanes(
-    journal: Journal, blobs: BlobStore, upstream: FakeUpstream, clock: FakeClock
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: FakeUpstream,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    lanes = LaneConfig(depth=1, rate_per_s=3500.0, min_rate_per_s=1000.0)
+    """Five hot keys are throttled three times each, five cold keys never: the cold ones are
+    durable after one try each while the hot ones are still retried (the bucket's budget
+    is cut, the virtual clock moves only when everything waits)."""
+    virtual = _VirtualTime(clock)
+    monkeypatch.setattr(flusher_module, "asyncio", virtual)
     hot = [f"hot/{i}" for i in range(5)]
     cold = [f"cold/{i}" for i in range(5)]
     for key in hot:
         upstream.fail_puts(*(Throttled("SlowDown (HTTP 503)") for _ in range(3)), key=key)
-    flusher = _flusher(journal, blobs, upstream, clock, lanes=lanes, concurrency=16)
+    flusher = _flusher(journal, blobs, upstream, clock, lanes=LaneConfig(depth=1), concurrency=16)
+    flusher.pause()
     async with _running(flusher):
         for key in hot + cold:
             await _write(journal, blobs, clock, key, key.encode())
+        flusher.resume()
+        await _ticking(virtual, journal, _durable(journal, cold))
+        hot_rows = [await journal.get(BUCKET, k) for k in hot]
+        assert all(r is not None and r.state is not FlushState.DURABLE for r in hot_rows)
+        assert _lane(flusher, "cold/").throttles == 0
+        [budget] = flusher.budget_status()
+        assert budget.events >= 1 and budget.rate_per_s < FAST_FLOW.initial_per_s
 
-        async def cold_durable() -> bool:
-            rows = [await journal.get(BUCKET, k) for k in cold]
-            return all(r is not None and r.state is FlushState.DURABLE for r in rows)
-
-        await _until(journal, cold_durable)
-        await _attempts_are(journal, hot, 1)  # every hot key throttled once, backed off
-        hot_lane, cold_lane = _lane(flusher, "hot/"), _lane(flusher, "cold/")
-        assert hot_lane.throttles == 5
-        assert hot_lane.rate_limit_per_s == 1000.0  # measuring: the probe, at the floor
-        assert (cold_lane.throttles, cold_lane.rate_limit_per_s) == (0, 3500.0)
-
-        for attempts in (2, 3):
-            _advance(journal, clock, 2.0)  # backoff over, AIMD window over
-            await _attempts_are(journal, hot, attempts)
-        assert _lane(flusher, "hot/").throttles == 15
-
-        _advance(journal, clock, 2.0)
-        await _drained(journal)
+        await _ticking(virtual, journal, _durable(journal, hot))
 
     for key in hot + cold:
         assert upstream.body(BUCKET, key) == key.encode()
     assert [upstream.ops("put").count(("put", BUCKET, k)) for k in cold] == [1] * 5
     assert [upstream.ops("put").count(("put", BUCKET, k)) for k in hot] == [4] * 5
-    hot_lane = _lane(flusher, "hot/")
-    # Still measuring, at the probe (here the floor): five successes against fifteen
-    # throttles say nothing about the prefix's limit yet.
-    assert hot_lane.rate_limit_per_s == 1000.0
+    assert _lane(flusher, "hot/").throttles == 15
     assert flusher.status().throttles == 15
 
 
 async def test_retry_after_pauses_only_its_lane(
-    journal: Journal, blobs: BlobStore, upstream: FakeUpstream, clock: FakeClock
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: FakeUpstream,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    virtual = _VirtualTime(clock)
+    monkeypatch.setattr(flusher_module, "asyncio", virtual)
     upstream.fail_puts(Throttled("SlowDown", retry_after_s=30.0), key="hot/0")
     flusher = _flusher(journal, blobs, upstream, clock, lanes=LaneConfig(depth=1))
     async with _running(flusher):
         await _write(journal, blobs, clock, "hot/0", b"0")
         await _attempts_are(journal, ["hot/0"], 1)
-        assert _lane(flusher, "hot/").paused_until_s == pytest.approx(clock.monotonic() + 30.0)
+        paused_until_s = clock.monotonic() + 30.0
+        assert _lane(flusher, "hot/").paused_until_s == pytest.approx(paused_until_s)
 
         await _write(journal, blobs, clock, "hot/1", b"1")
         await _write(journal, blobs, clock, "cold/0", b"c")
-
-        async def cold_durable() -> bool:
-            row = await journal.get(BUCKET, "cold/0")
-            return row is not None and row.state is FlushState.DURABLE
-
-        await _until(journal, cold_durable)
+        await _ticking(virtual, journal, _durable(journal, ["cold/0"]))
+        assert clock.monotonic() < paused_until_s
         row = await journal.get(BUCKET, "hot/1")
         assert row is not None and row.state is FlushState.PENDING  # its lane is paused
 
         _advance(journal, clock, 30.0)
-        await _drained(journal)
+        await _ticking(virtual, journal, _durable(journal, ["hot/0", "hot/1"]))
 
     assert upstream.ops("put").count(("put", BUCKET, "hot/0")) == 2
 
@@ -702,17 +784,26 @@ async def test_global_bandwidth_spaces_uploads(
 
 
 async def test_lane_limits_apply_per_lane(
-    journal: Journal,
-    blobs: BlobStore,
-    upstream: FakeUpstream,
-    clock: FakeClock,
-    sleeps: _RecordingSleep,
+    journal: Journal, blobs: BlobStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lanes = LaneConfig(depth=1, rate_per_s=2.0)  # burst: one second, 2 requests
+    """``--lane-rate 2`` (a burst of one second, 2 requests) is a hard cap per lane: each
+    lane sends two at once and its third half a second later, whatever the budget allows."""
+    virtual = _VirtualTime(clock)
+    monkeypatch.setattr(flusher_module, "asyncio", virtual)
+    upstream = _TimedUpstream(clock)
+    lanes = LaneConfig(depth=1, rate_per_s=2.0)
     flusher = _flusher(journal, blobs, upstream, clock, lanes=lanes)
-    bodies = {f"{lane}/{i}": b"v" for lane in ("a", "b") for i in range(3)}
-    await _flush_all(flusher, journal, blobs, clock, bodies)
-    assert sorted(sleeps.delays) == pytest.approx([0.5, 0.5])  # the third of each lane
+    keys = [f"{lane}/{i}" for lane in ("a", "b") for i in range(3)]
+    flusher.pause()
+    async with _running(flusher):
+        for key in keys:
+            await _write(journal, blobs, clock, key, b"v")
+        start_s = clock.monotonic()
+        flusher.resume()
+        await _ticking(virtual, journal, _durable(journal, keys))
+    for lane in ("a", "b"):
+        times = sorted(t - start_s for t, k in upstream.sent if k.startswith(lane))
+        assert times == pytest.approx([0.0, 0.0, 0.5], abs=1e-6), (lane, times)
 
 
 async def test_temp_tombstone_takes_no_tokens(
@@ -759,57 +850,6 @@ async def test_multipart_upload_takes_a_token_per_request(
 
 
 # -- (h) lane waits take no global slot and no global token ----------------------------------
-
-
-class _VirtualTime:
-    """Stands in for ``asyncio`` inside the flusher module: ``sleep(d)`` waits until the
-    FakeClock reaches the caller's now + ``d``; ``tick()`` moves the clock to the earliest
-    sleeper's deadline and wakes every sleeper due then. With ``frozen`` the clock never
-    moves: a sleeper waits until the test ends."""
-
-    def __init__(self, clock: FakeClock, *, frozen: bool = False) -> None:
-        self._clock = clock
-        self._frozen = frozen
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._count = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(asyncio, name)
-
-    async def sleep(self, delay: float) -> None:
-        if delay <= 0:
-            await asyncio.sleep(0)
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._count += 1
-        self._sleepers.append((self._clock.monotonic() + delay, self._count, future))
-        await future
-
-    def tick(self) -> bool:
-        """Advance to the next deadline (False if nobody sleeps)."""
-        live = [s for s in self._sleepers if not s[2].done()]
-        if self._frozen or not live:
-            return False
-        due_s = min(s[0] for s in live)
-        self._clock.advance(max(0.0, due_s - self._clock.monotonic()))
-        for deadline_s, _, future in live:
-            if deadline_s <= due_s:
-                future.set_result(None)
-        self._sleepers = [s for s in live if not s[2].done()]
-        return True
-
-
-class _TimedUpstream(FakeUpstream):
-    """Records the clock reading at which each PUT was sent."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__([BUCKET])
-        self._clock = clock
-        self.sent: list[tuple[float, str]] = []
-
-    async def put_object(self, meta: ObjectMeta, body: BinaryIO | Path) -> str:
-        self.sent.append((self._clock.monotonic(), meta.key))
-        return await super().put_object(meta, body)
 
 
 def _most_in_window(times: list[float], window_s: float) -> int:

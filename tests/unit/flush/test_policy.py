@@ -370,7 +370,7 @@ async def test_lane_in_flight_counts_against_the_round(journal: Journal) -> None
 
 async def test_lane_paused_by_retry_after_is_skipped(journal: Journal) -> None:
     policy = _policy(depth=1)
-    policy.lanes.lane_for(BUCKET, "hot/x", T0).on_throttle(T0, 30.0)
+    policy.lanes.on_unsent_throttle(policy.lanes.lane_for(BUCKET, "hot/x", T0), T0, 30.0)
     await _put(journal, "hot/1")
     await _put(journal, "cold/1")
     claimed = await _claim(journal, policy, T0 + 1.0)

@@ -1,0 +1,231 @@
+"""One bucket's adaptive budget, shared by its lanes (pure, clock-injected).
+
+S3 throttles per partition, and does not say how a bucket is partitioned: a fresh bucket
+may throttle everything under ``ckpt/`` together, later split a hot prefix, and every
+gateway of a cluster writes into the same bucket. So the flusher does not guess a limit
+per lane. Everything it sends to one bucket is paced by one ``AdaptiveRate`` (AIMD with
+CUBIC growth: ``control.py``), and the budget is handed out in **fair rounds, oldest work
+first within a round**: a heap of the bucket's lanes keyed by (round, the lane's oldest
+waiting request), start-time fair queueing (Goyal et al., 1996). Each lane with work gets
+one request per round, so a lane with a deep backlog or a retried old object never takes
+every token while the others wait (with S3's partitions per rank that would refuse it
+again and again), and a lane's requests leave evenly spaced. A lane that empties simply
+leaves the heap, so the rate it used goes to the others at once; a lane that joins late
+joins the current round (no credit for its idle time); a lane held by its own gates (a
+``Retry-After`` pause, ``--lane-rate``, ``--lane-bandwidth``, its own rate) steps aside
+and the next lane goes, so no lane blocks another.
+
+**Isolation.** A prefix S3 throttles on its own must not drag the bucket's budget down for
+everyone. When the budget's last ``_ISOLATE_AFTER`` throttles all came from one lane, over
+more than one congestion event, while other lanes of the bucket were busy, that lane gets
+an adaptive rate of its own (``Lane.isolate``), its throttles no longer cut the budget, and
+the budget forgets the limit that lane taught it (slow start finds the others' again).
+Under a limit the lanes share, throttles land on the lanes in proportion to what they send
+(the rounds keep that even), so three in a row from one lane are rare; and a lane that
+takes more than its share and is refused for it is right to have its own rate anyway.
+The isolation ends when the lane's own rate has grown to the whole budget's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.flush.control import AdaptiveRate, RateConfig
+from gateway.flush.ratelimit import Pacer
+
+if TYPE_CHECKING:
+    from gateway.flush.lanes import Lane, Ticket
+
+_ISOLATE_AFTER = 3  # consecutive throttles of one lane (over 2+ events) that isolate it
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    bucket: str
+    rate_per_s: float  # what the bucket's lanes may send together now
+    w_max_per_s: float | None  # the rate last throttled at (None: never throttled)
+    is_slow_start: bool
+    events: int  # congestion events (cuts) so far
+    throttles: int  # throttles that counted against the budget
+    isolated_lanes: int
+
+
+class BucketBudget:
+    """The budget of one bucket and the heap of its lanes with waiting requests.
+
+    MUST be used from one thread (the event loop). ``grant`` is the only place requests
+    are admitted; ``on_throttle`` decides whether a throttle is the bucket's or a lane's.
+    """
+
+    def __init__(self, bucket: str, config: RateConfig, now_s: float):
+        self.bucket = bucket
+        self.config = config
+        self.rate = AdaptiveRate(config, now_s)
+        self._pacer = Pacer(self.rate.rate_per_s, now_s)
+        self._heap: list[tuple[tuple[float, int, int], int, Lane]] = []
+        self._round = 0.0  # start-time fair queueing's virtual time
+        self._lanes: set[Lane] = set()  # every lane that has asked (until forgotten)
+        self._queued: set[Lane] = set()  # lanes with waiting requests
+        self._isolated: set[Lane] = set()
+        self._recent: deque[tuple[Lane, int, bool]] = deque(maxlen=_ISOLATE_AFTER)
+        self._pushes = 0
+        self._binding = False
+        self.throttles = 0
+
+    # -- queue -------------------------------------------------------------------------
+
+    def enqueue(self, lane: Lane) -> None:
+        """``lane`` got a new waiting request: (re)queue it if its oldest one changed."""
+        self._lanes.add(lane)
+        key = self._key(lane)
+        if key is not None and (lane.heap_key is None or key < lane.heap_key):
+            self._push(lane, key)
+
+    def _key(self, lane: Lane) -> tuple[float, int, int] | None:
+        """A lane's place: its round (a lane that had nothing waiting joins the current
+        one, it earns no credit while idle or held), then its oldest waiting request."""
+        head = lane.head_key()
+        return None if head is None else (max(lane.round, self._round), *head)
+
+    def _push(self, lane: Lane, key: tuple[float, int, int]) -> None:
+        lane.heap_key = key
+        self._pushes += 1
+        heapq.heappush(self._heap, (key, self._pushes, lane))
+        self._queued.add(lane)
+
+    def _requeue(self, lane: Lane) -> None:
+        key = self._key(lane)
+        if key is None:
+            lane.heap_key = None
+            self._queued.discard(lane)
+        else:
+            self._push(lane, key)
+
+    @property
+    def top_key(self) -> tuple[float, int, int] | None:
+        while self._heap and self._heap[0][0] != self._heap[0][2].heap_key:
+            heapq.heappop(self._heap)  # stale: the lane was requeued with another key
+        return self._heap[0][0] if self._heap else None
+
+    @property
+    def has_waiting(self) -> bool:
+        return self.top_key is not None
+
+    # -- admission ---------------------------------------------------------------------
+
+    def grant(self, now_s: float, room: int) -> tuple[list[Ticket], float]:
+        """Admit what may go now, at most ``room`` requests (the free global slots), in
+        fair rounds over the lanes, oldest work first within a round (see the module
+        docstring). Returns the tickets admitted and when to call again (inf: only when
+        something changes: a new request, an answer, a slot freed)."""
+        self._repace(now_s)
+        granted: list[Ticket] = []
+        held: list[Lane] = []
+        next_s = math.inf
+        binding = False
+        while room > 0 and self.top_key is not None:
+            lane = self._heap[0][2]
+            ticket = lane.head()
+            heapq.heappop(self._heap)
+            if ticket is None:
+                lane.heap_key = None
+                self._queued.discard(lane)
+                continue
+            self._check_isolation(lane)
+            wait_s = lane.wait_s(ticket, now_s)
+            if wait_s > 0:  # held by its own gates (pause, caps, its own rate)
+                held.append(lane)
+                next_s = min(next_s, now_s + wait_s)
+                continue
+            wait_s = self._pacer.wait_s(ticket.requests, now_s)
+            if wait_s > 0:
+                held.append(lane)
+                binding = True
+                next_s = min(next_s, now_s + wait_s)
+                break
+            self._pacer.take(ticket.requests, now_s)
+            lane.grant(ticket, now_s)
+            # Start-time fair queueing: the round of this request becomes the bucket's
+            # virtual time; the lane's next request belongs to the next round.
+            self._round = max(self._round, lane.round)
+            lane.round = max(lane.round, self._round) + ticket.requests
+            granted.append(ticket)
+            room -= 1
+            self._requeue(lane)
+        for lane in held:
+            self._requeue(lane)
+        self.rate.tick(now_s, binding)  # from now on: holding work back or not
+        return granted, next_s
+
+    def _repace(self, now_s: float) -> None:
+        self.rate.tick(now_s, self._binding)
+        self._binding = False
+        self._pacer.follow(self.rate.rate_per_s, now_s)
+
+    def _check_isolation(self, lane: Lane) -> None:
+        """An isolated lane whose own rate has grown to the whole budget's is held back by
+        nothing of its own any more: it shares again."""
+        if lane.isolation is not None and lane.isolation.rate_per_s >= self.rate.rate_per_s:
+            lane.end_isolation()
+            self._isolated.discard(lane)
+
+    # -- outcomes ----------------------------------------------------------------------
+
+    def on_success(self, lane: Lane, sent_s: float, now_s: float) -> None:
+        lane.answers.add(now_s, True)
+        if lane.isolation is not None:
+            lane.isolation.on_success(sent_s, now_s)
+            lane.repace(now_s)
+        self.rate.on_success(sent_s, now_s)
+
+    def on_throttle(self, lane: Lane, sent_s: float, now_s: float) -> None:
+        """A request of ``lane`` sent at ``sent_s`` was throttled: cut the lane's own rate
+        if it has one, isolate it if it is the one lane S3 keeps refusing (see the module
+        docstring), else cut the bucket's budget (once per congestion event)."""
+        lane.answers.add(now_s, False)
+        if lane.isolation is not None:
+            if lane.isolation.on_throttle(sent_s, now_s):
+                lane.repace(now_s, drain=True)
+            return
+        self.throttles += 1
+        others_busy = any(o is not lane and (o.in_flight or o in self._queued) for o in self._lanes)
+        self._recent.append((lane, self.rate.event_of(sent_s), others_busy))
+        if self._isolates(lane):
+            lane.isolate(self.config, sent_s, now_s)
+            self._isolated.add(lane)
+            self._recent.clear()
+            # The cuts that lane drove measured its prefix's limit, not the bucket's:
+            # the others find theirs again by slow start (seconds, not a cubic's tens).
+            self.rate.forget_limit()
+            return
+        if self.rate.on_throttle(sent_s, now_s):
+            self._pacer.follow(self.rate.rate_per_s, now_s, cut=True)
+
+    def _isolates(self, lane: Lane) -> bool:
+        recent = self._recent
+        return (
+            len(recent) == _ISOLATE_AFTER
+            and all(entry[0] is lane and entry[2] for entry in recent)
+            and recent[0][1] != recent[-1][1]
+        )
+
+    def forget(self, lane: Lane) -> None:
+        """``lane`` (idle, nothing waiting) is being dropped by its owner."""
+        self._lanes.discard(lane)
+        self._queued.discard(lane)
+        self._isolated.discard(lane)
+
+    def status(self) -> BudgetStatus:
+        return BudgetStatus(
+            self.bucket,
+            round(self.rate.rate_per_s, 3),
+            None if self.rate.w_max_per_s is None else round(self.rate.w_max_per_s, 3),
+            self.rate.is_slow_start,
+            self.rate.events,
+            self.throttles,
+            len(self._isolated),
+        )

@@ -1,0 +1,201 @@
+"""The adaptive request rate of a budget shared by many requests (pure, clock-injected).
+
+One ``AdaptiveRate`` paces everything this gateway sends to one bucket, whatever S3's
+hidden partitioning of that bucket is (a lane that S3 throttles on its own gets one of its
+own: see ``admission.py``). It is TCP's congestion control transposed to a request rate,
+after botocore's adaptive retry mode (``botocore/retries/adaptive.py``, ``throttling.py``)
+and CUBIC (RFC 8312):
+
+- **Slow start.** A fresh budget starts at ``initial_per_s``; while it holds work back each
+  success adds 1 request/s (TCP's +1 segment per ACK): the rate doubles per second at most.
+  It ends at the first throttle.
+- **One cut per congestion event.** A throttle of a request sent after the last cut is a
+  new event; one sent before belongs to the same event and changes nothing (a burst of
+  503s answers a burst of requests: one signal, as a window's losses are in TCP). The rate
+  drops to ``beta`` times ``w_max``, the rate the upstream was accepting (acceptances per
+  second lately, never more than the rate allowed): slow start overshoots before the first
+  503 comes back, and what got through is the figure of the limit, not what was sent.
+- **Recovery and probing (CUBIC).** After a cut the rate climbs back to ``w_max`` along a
+  cubic: quickly while far below it, flat near it, reaching it ``recovery_s`` after a
+  ``beta`` cut at any scale. Past ``w_max`` it grows faster and faster: the periodic gentle
+  probe that finds a raised limit, in absolute requests/s (at least ``probe_c`` req/s per
+  s**3: a budget with a small share probes as fast as a large one, which is what makes
+  independent gateways converge to fair shares). Once the probe is ``_ACCELERATE`` times
+  ``w_max`` with no throttle the limit has risen (a partition split, a raised quota): slow
+  start again finds it in seconds. Growth counts only time the budget held work back.
+- **Fast convergence.** A cut below the previous ``w_max`` lowers ``w_max`` a little more
+  (RFC 8312 4.6), so gateways sharing one limit give way to each other and converge to
+  fair shares without talking to each other.
+- **Not enough, or an outage.** A throttle of a request sent after the cut, before anything
+  sent after it got through, means the cut did not bite (a partition's burst had hidden the
+  overload): the rate is cut again, ``w_max`` kept. If nothing got through at all lately
+  (S3 refusing everything for a while), the budget slow-starts back to ``w_max`` once
+  answers come back.
+
+The rate never leaves ``[floor_per_s, ceiling_per_s]``; only slow start sends more than
+what was accepted a moment ago (at most twice, for at most a second).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+_ANSWER_WINDOW_S = 3.0  # answers counted for the accepted rate (at least _MIN_ANSWERS)
+_MIN_ANSWERS = 8
+_ACCELERATE = 1.2  # a probe this far over w_max without a throttle: slow start again
+
+
+class Answers:
+    """Acceptances per second among the recent answers: over the last few seconds, or
+    over the last few answers when they are further apart."""
+
+    def __init__(self) -> None:
+        self._answers: deque[tuple[float, bool]] = deque(maxlen=4096)
+        self._accepted = 0
+
+    def add(self, now_s: float, accepted: bool) -> None:
+        if len(self._answers) == self._answers.maxlen:
+            self._accepted -= self._answers[0][1]
+        self._answers.append((now_s, accepted))
+        self._accepted += accepted
+
+    def accepted_per_s(self, now_s: float) -> float:
+        """What the upstream let through lately (0.0 before any answer)."""
+        answers = self._answers
+        while len(answers) > _MIN_ANSWERS and answers[0][0] < now_s - _ANSWER_WINDOW_S:
+            self._accepted -= answers.popleft()[1]
+        if not answers:
+            return 0.0
+        return self._accepted / max(now_s - answers[0][0], _ANSWER_WINDOW_S / 4)
+
+
+@dataclass(frozen=True, slots=True)
+class RateConfig:
+    """``ceiling_per_s`` is a hard cap (inf: none); ``floor_per_s`` keeps a request going
+    during an outage, so that its end is seen. ``beta`` (a 20 % cut; botocore and RFC 8312
+    use 30 %), ``recovery_s`` and ``probe_c`` shape the curve (module docstring); they were
+    chosen with the simulator in tests/sim (BENCHMARKS.md section 2 has the figures)."""
+
+    initial_per_s: float = 10.0
+    floor_per_s: float = 1.0
+    ceiling_per_s: float = math.inf
+    beta: float = 0.8
+    recovery_s: float = 10.0
+    probe_c: float = 0.02
+
+
+class AdaptiveRate:
+    """One shared request budget's rate. Every method takes the time it happens at.
+
+    The owner MUST report each answer (``on_success``/``on_throttle``, with the time the
+    request was sent), and call
+    ``tick(now, binding)`` whenever it consults ``rate_per_s``: ``binding`` says whether
+    the budget holds work back from now on (growth counts only such time).
+    """
+
+    def __init__(self, config: RateConfig, now_s: float, *, w_max_per_s: float | None = None):
+        self.config = config
+        self.w_max_per_s = w_max_per_s  # what the upstream accepted when last throttled
+        self.events = 0  # congestion events (cuts) so far
+        self._ssthresh = math.inf if w_max_per_s is None else 0.0
+        self._rate = self._clamp(config.initial_per_s if w_max_per_s is None else w_max_per_s)
+        self._k_s = 0.0  # binding seconds from the last cut back to w_max
+        self._grown_s = 0.0  # binding seconds since the last cut
+        self._tick_s = now_s
+        self._binding = False
+        self._last_cut_s = -math.inf
+        self._recovered_s = -math.inf  # send time of the first acceptance since the last cut
+        self._answers = Answers()
+
+    @property
+    def rate_per_s(self) -> float:
+        return self._rate
+
+    @property
+    def is_slow_start(self) -> bool:
+        return self._rate < self._ssthresh
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def tick(self, now_s: float, binding: bool) -> float:
+        """Advance to ``now_s`` (growth for the time since the last tick, if the budget
+        was holding work back then); ``binding`` is the state from now on. The rate."""
+        if self._binding and now_s > self._tick_s and not self.is_slow_start:
+            self._grown_s += now_s - self._tick_s
+            self._rate = self._clamp(self._cubic(self._grown_s))
+            if self.w_max_per_s and self._rate >= _ACCELERATE * self.w_max_per_s:
+                self._ssthresh = math.inf  # the limit has risen: find it as at the start
+        self._tick_s = max(self._tick_s, now_s)
+        self._binding = binding
+        return self._rate
+
+    def on_success(self, sent_s: float, now_s: float) -> None:
+        """A request sent at ``sent_s`` was accepted."""
+        self._answers.add(now_s, True)
+        if self._last_cut_s < sent_s < self._recovered_s:
+            self._recovered_s = sent_s
+        if self.is_slow_start and self._binding:
+            round_trip_s = max(now_s - sent_s, 1.0)
+            self._rate = self._clamp(self._rate + min(self._rate, 1.0 / round_trip_s))
+            if self._rate >= self._ssthresh:  # back at the rate known to work: its plateau
+                self._start_epoch(now_s, self._rate, self._rate, cut=False)
+
+    def event_of(self, sent_s: float) -> int:
+        """The congestion event a throttle of a request sent at ``sent_s`` belongs to:
+        the last one if the request left before its cut, else the next."""
+        return self.events if sent_s <= self._last_cut_s else self.events + 1
+
+    def on_throttle(self, sent_s: float, now_s: float) -> bool:
+        """A request sent at ``sent_s`` was throttled. True if this was a new congestion
+        event and the rate was cut."""
+        self._answers.add(now_s, False)
+        if self.event_of(sent_s) == self.events:
+            return False  # sent before the last cut: the same congestion event
+        accepted = self._answers.accepted_per_s(now_s)
+        beta, floor = self.config.beta, self.config.floor_per_s
+        self.events += 1
+        if self._recovered_s < math.inf or self.w_max_per_s is None:
+            w_max = max(min(self._rate, accepted) if accepted > 0 else self._rate, floor)
+            if self.w_max_per_s is not None and w_max < self.w_max_per_s:
+                w_max *= (1 + beta) / 2  # fast convergence: give way to the others
+            self._ssthresh = 0.0
+            self._start_epoch(now_s, w_max, beta * w_max)
+        else:
+            if accepted == 0:  # nothing got through lately: an outage, not a lower limit
+                self._ssthresh = self.w_max_per_s
+            self._start_epoch(now_s, self.w_max_per_s, beta * self._rate)
+        return True
+
+    def forget_limit(self) -> None:
+        """What was learnt about the limit was not this budget's (a lane throttled on its
+        own drove the cuts): find it again by slow start from the current rate."""
+        self._ssthresh = math.inf
+
+    # -- the curve ----------------------------------------------------------------------
+
+    def _relative_c(self) -> float:
+        """CUBIC's constant relative to w_max: a ``beta`` cut recovers in ``recovery_s``."""
+        return (1 - self.config.beta) / self.config.recovery_s**3
+
+    def _start_epoch(self, now_s: float, w_max: float, rate: float, *, cut: bool = True) -> None:
+        self._rate = self._clamp(rate)
+        self.w_max_per_s = w_max
+        below = max(0.0, w_max - self._rate) / max(w_max, 1e-9)
+        self._k_s = math.cbrt(below / self._relative_c())
+        self._grown_s = 0.0
+        self._tick_s = max(self._tick_s, now_s)
+        if cut:
+            self._last_cut_s = now_s
+            self._recovered_s = math.inf
+
+    def _cubic(self, t_s: float) -> float:
+        assert self.w_max_per_s is not None
+        w_max, c = self.w_max_per_s, self._relative_c()
+        if t_s < self._k_s:
+            return w_max - c * w_max * (self._k_s - t_s) ** 3
+        return w_max + max(c * w_max, self.config.probe_c) * (t_s - self._k_s) ** 3
+
+    def _clamp(self, rate: float) -> float:
+        return min(self.config.ceiling_per_s, max(self.config.floor_per_s, rate))

@@ -1,0 +1,206 @@
+"""How a bucket's lanes share its adaptive budget: through ``Lanes.submit``/``pump`` and
+the answers, with explicit times (no clock, no I/O). The rate itself is test_control.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.flush.control import RateConfig
+from gateway.flush.lanes import LaneConfig, Lanes, Ticket
+
+
+def _lanes(rate: float = 1000.0, concurrency: int = 0, **lane: float) -> Lanes:
+    config = LaneConfig(depth=1, **lane)  # type: ignore[arg-type]
+    return Lanes(config, RateConfig(initial_per_s=rate), concurrency)
+
+
+def _submit(lanes: Lanes, key: str, order: int, now_s: float = 0.0) -> Ticket:
+    return lanes.submit(lanes.lane_for("b", key, now_s), order, 1, 0, now_s)
+
+
+def _granted(lanes: Lanes, now_s: float) -> list[tuple[str, int]]:
+    granted, _ = lanes.pump(now_s)
+    return [(t.lane.prefix, t.order) for t in granted]
+
+
+def _send(lanes: Lanes, tickets: list[Ticket], now_s: float) -> None:
+    for ticket in tickets:
+        lanes.on_sent(ticket, now_s)
+
+
+# -- order and fairness -----------------------------------------------------------------------
+
+
+def test_fair_rounds_oldest_work_first_within_a_round() -> None:
+    """Each lane with work gets one request per round; within a round the lane with the
+    oldest waiting request goes first. A lane with a deep backlog does not make a lane with
+    one object wait behind all of it."""
+    lanes = _lanes()
+    for order in (1, 2, 3, 4):
+        _submit(lanes, f"a/{order}", order)
+    _submit(lanes, "b/x", 10)
+    _submit(lanes, "c/x", 5)
+    expected = [("a/", 1), ("c/", 5), ("b/", 10), ("a/", 2), ("a/", 3), ("a/", 4)]
+    assert _granted(lanes, 0.0) == expected
+
+
+def test_a_lane_that_joins_later_joins_the_current_round() -> None:
+    lanes = _lanes(rate=10.0)  # a burst of 2, then one every 0.1 s
+    for order in range(1, 7):
+        _submit(lanes, f"a/{order}", order)
+    assert _granted(lanes, 0.0) == [("a/", 1), ("a/", 2)]
+    _submit(lanes, "late/x", 100)  # younger than everything waiting: still next in turn
+    assert _granted(lanes, 0.1) == [("late/", 100)]
+    assert _granted(lanes, 0.2) == [("a/", 3)]
+
+
+def test_rate_freed_by_a_lane_that_empties_goes_to_the_others_at_once() -> None:
+    lanes = _lanes(rate=10.0)
+    for order in range(5):
+        _submit(lanes, f"a/{order}", order)
+    _submit(lanes, "b/x", 1)
+    times: dict[str, list[float]] = {"a/": [], "b/": []}
+    now_s = 0.0
+    while lanes.has_waiting:
+        granted, next_s = lanes.pump(now_s)
+        for ticket in granted:
+            times[ticket.lane.prefix].append(now_s)
+        now_s = next_s
+    assert times["b/"] == [0.0]
+    assert times["a/"] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])  # the whole rate
+
+
+def test_a_lane_held_by_its_own_gates_does_not_hold_back_the_others() -> None:
+    lanes = _lanes()
+    hot = _submit(lanes, "hot/x", 1)
+    hot.lane.paused_until_s = 5.0  # Retry-After
+    _submit(lanes, "cold/x", 2)
+    granted, next_s = lanes.pump(0.0)
+    assert [t.lane.prefix for t in granted] == ["cold/"]
+    assert next_s == 5.0  # the pump wants to be called when the pause ends
+    assert _granted(lanes, 5.0) == [("hot/", 1)]
+
+
+def test_pump_says_when_to_call_again() -> None:
+    lanes = _lanes(rate=10.0)
+    assert lanes.pump(0.0) == ([], math.inf)
+    for order in range(3):
+        _submit(lanes, f"a/{order}", order)
+    granted, next_s = lanes.pump(0.0)
+    assert (len(granted), next_s) == (2, pytest.approx(0.1))
+    assert lanes.pump(0.05)[0] == []
+    granted, next_s = lanes.pump(0.1)
+    assert (len(granted), next_s) == (1, math.inf)
+
+
+def test_global_concurrency_bounds_what_is_admitted_until_done() -> None:
+    lanes = _lanes(concurrency=2)
+    tickets = [_submit(lanes, f"p{i}/x", i) for i in range(3)]
+    assert [t.order for t in lanes.pump(0.0)[0]] == [0, 1]
+    assert lanes.pump(0.0) == ([], math.inf)  # not the budget's doing: no timer needed
+    lanes.done(tickets[0])
+    lanes.done(tickets[0])  # once only
+    assert [t.order for t in lanes.pump(0.0)[0]] == [2]
+    assert lanes.in_flight == 2
+
+
+def test_a_cancelled_waiter_is_never_admitted() -> None:
+    lanes = _lanes()
+    gone = _submit(lanes, "a/x", 1)
+    kept = _submit(lanes, "a/y", 2)
+    lanes.cancel(gone)
+    assert lanes.pump(0.0)[0] == [kept]
+    lanes.cancel(kept)  # cancelled after admission: its slot is freed
+    assert lanes.in_flight == 0
+
+
+# -- throttles ----------------------------------------------------------------------------
+
+
+def test_a_burst_of_503s_for_requests_sent_together_cuts_the_budget_once() -> None:
+    lanes = _lanes()
+    tickets = [_submit(lanes, f"p{i}/x", i) for i in range(10)]
+    granted, _ = lanes.pump(0.0)
+    _send(lanes, granted, 0.0)
+    for ticket in tickets[:5]:
+        lanes.on_answer(ticket, 0.05, throttled=True)
+    for ticket in tickets[5:]:
+        lanes.on_answer(ticket, 0.06, throttled=False)
+    [budget] = lanes.budgets()
+    assert (budget.throttles, budget.events) == (5, 1)
+    assert budget.rate_per_s < 1000.0
+    assert lanes.in_flight == 0
+    throttles = [s.throttles for s in sorted(lanes.status(0.1), key=lambda s: s.prefix)]
+    assert throttles == [1] * 5 + [0] * 5
+
+
+def _refuse(lanes: Lanes, key: str, order: int, now_s: float) -> Ticket:
+    """A request of ``key`` admitted, sent and refused right after; whatever else is
+    admitted meanwhile is sent and accepted."""
+    ticket = _submit(lanes, key, order, now_s)
+    while not ticket.is_granted:
+        granted, next_s = lanes.pump(now_s)
+        for other in granted:
+            if other is not ticket:
+                lanes.on_sent(other, now_s)
+                lanes.on_answer(other, now_s + 0.01, throttled=False)
+        if not ticket.is_granted:
+            now_s = next_s if next_s < math.inf else now_s
+    lanes.on_sent(ticket, now_s)
+    lanes.on_answer(ticket, now_s + 0.01, throttled=True)
+    return ticket
+
+
+def test_a_lane_refused_again_and_again_while_others_wait_gets_a_rate_of_its_own() -> None:
+    """Three throttles in a row, over two congestion events, all of the hot lane while the
+    cold lane had work waiting: S3 throttles that prefix on its own. From then on its
+    throttles cut its own rate, not the bucket's budget that the cold lane shares."""
+    lanes = _lanes(concurrency=4)
+    first = [_submit(lanes, f"hot/{k}", order) for order, k in enumerate("ab", 1)]
+    for order in range(50):
+        _submit(lanes, f"cold/{order}", 1000 + order)
+    granted, _ = lanes.pump(0.0)  # in rounds: hot, cold, hot, cold
+    assert [t.lane.prefix for t in granted] == ["hot/", "cold/", "hot/", "cold/"]
+    _send(lanes, granted, 0.0)
+    for ticket in granted:  # all sent before the first answer's cut: one event
+        lanes.on_answer(ticket, 0.01, throttled=ticket in first)
+    [budget] = lanes.budgets()
+    assert (budget.events, budget.throttles, budget.isolated_lanes) == (1, 2, 0)
+
+    _refuse(lanes, "hot/c", 3, 0.5)  # a second event: isolated, and nothing cut
+    hot = lanes.peek("b", "hot/x")
+    assert hot is not None and hot.isolation is not None
+    [budget] = lanes.budgets()
+    assert (budget.events, budget.isolated_lanes) == (1, 1)
+    _refuse(lanes, "hot/d", 4, 1.0)
+    _refuse(lanes, "hot/e", 5, 2.0)
+    [budget] = lanes.budgets()
+    assert budget.events == 1  # the hot lane's throttles cut its own rate only
+    assert hot.isolation is not None and hot.isolation.events >= 2
+    assert [s.prefix for s in lanes.status(2.0) if s.is_isolated] == ["hot/"]
+
+
+def test_throttles_spread_over_the_lanes_of_a_shared_limit_isolate_nobody() -> None:
+    lanes = _lanes(concurrency=4)
+    for order in range(50):
+        _submit(lanes, f"w{order % 3}/{order}", 1000 + order)
+    t = 0.0
+    for i in range(12):
+        _refuse(lanes, f"w{i % 3}/r{i}", i, t)
+        t += 0.5
+    [budget] = lanes.budgets()
+    assert budget.isolated_lanes == 0
+    assert budget.events >= 6
+
+
+def test_isolation_ends_once_the_lane_may_send_what_the_whole_budget_allows() -> None:
+    lanes = _lanes(rate=10.0)
+    hot = lanes.lane_for("b", "hot/x", 0.0)
+    for i in range(100):
+        hot.answers.add(i * 0.01, True)  # S3 took 100/s of it
+    hot.isolate(lanes.flow, 1.0, 1.0)  # its own rate: 80/s, above the bucket's 10/s
+    _submit(lanes, "hot/x", 1, 1.0)
+    assert _granted(lanes, 1.0) == [("hot/", 1)]
+    assert hot.isolation is None

@@ -1,0 +1,192 @@
+"""AdaptiveRate: the bucket budget's rate, driven by explicit times (no clock, no I/O)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from gateway.flush.control import AdaptiveRate, Answers, RateConfig
+
+CONFIG = RateConfig(initial_per_s=10.0, floor_per_s=1.0, beta=0.8, recovery_s=10.0)
+
+
+def _steady(rate: float = 100.0, at_s: float = 0.0) -> AdaptiveRate:
+    """A budget that has sent and had accepted ``rate`` requests/s for 3 s until ``at_s``,
+    then was throttled once: out of slow start, w_max = ``rate``."""
+    budget = AdaptiveRate(dataclasses.replace(CONFIG, initial_per_s=rate), at_s - 3.0)
+    _traffic(budget, rate, at_s - 3.0, at_s)
+    assert budget.on_throttle(at_s, at_s)
+    assert budget.w_max_per_s == pytest.approx(rate, rel=0.05)
+    return budget
+
+
+def _traffic(budget: AdaptiveRate, rate: float, start_s: float, end_s: float) -> None:
+    """Requests sent at ``rate`` over [start, end), each accepted at once."""
+    n = round((end_s - start_s) * rate)
+    for i in range(n):
+        t = start_s + i / rate
+        budget.on_success(t, t)
+
+
+def _grow(budget: AdaptiveRate, from_s: float, to_s: float, step_s: float = 0.1) -> float:
+    """Hold work back (binding) from ``from_s`` to ``to_s``; the rate at the end."""
+    budget.tick(from_s, binding=True)
+    t = from_s
+    while t < to_s - 1e-9:
+        t = min(to_s, t + step_s)
+        budget.tick(t, binding=True)
+    return budget.rate_per_s
+
+
+# -- measurements ---------------------------------------------------------------------------
+
+
+def test_answers_count_acceptances_per_second() -> None:
+    answers = Answers()
+    assert answers.accepted_per_s(0.0) == 0.0
+    for i in range(60):
+        answers.add(i * 0.05, accepted=i % 3 != 0)  # 20 answers/s, two thirds accepted
+    assert answers.accepted_per_s(3.0) == pytest.approx(20 * 2 / 3, rel=0.1)
+
+
+# -- slow start ------------------------------------------------------------------------------
+
+
+def test_slow_start_adds_one_per_success_while_binding_only() -> None:
+    budget = AdaptiveRate(CONFIG, 0.0)
+    assert (budget.rate_per_s, budget.is_slow_start, budget.w_max_per_s) == (10.0, True, None)
+    budget.on_success(0.0, 0.05)  # not holding work back: nothing learnt about more
+    assert budget.rate_per_s == 10.0
+    budget.tick(0.1, binding=True)
+    for i in range(10):
+        budget.on_success(0.1 + i * 0.1, 0.15 + i * 0.1)
+    assert budget.rate_per_s == pytest.approx(20.0)  # 10 successes in a second: doubled
+
+
+def test_slow_start_never_more_than_doubles_per_round_trip() -> None:
+    budget = AdaptiveRate(CONFIG, 0.0)
+    budget.tick(0.0, binding=True)
+    budget.on_success(0.0, 4.0)  # a 4 s round trip: +min(rate, 1/4)
+    assert budget.rate_per_s == pytest.approx(10.25)
+
+
+def test_slow_start_ends_at_the_first_throttle_at_what_was_accepted() -> None:
+    """Slow start sent at 40/s while the upstream accepted 20/s: the cut is from 20."""
+    budget = AdaptiveRate(RateConfig(initial_per_s=40.0), 0.0)
+    for i in range(120):  # 3 s at 40/s, every other request accepted
+        t = i / 40
+        if i % 2:
+            budget.on_success(t, t)
+    assert budget.on_throttle(3.0, 3.0)
+    assert not budget.is_slow_start
+    assert budget.w_max_per_s == pytest.approx(20.0, rel=0.1)
+    assert budget.rate_per_s == pytest.approx(0.8 * budget.w_max_per_s)
+
+
+# -- one cut per congestion event ----------------------------------------------------------
+
+
+def test_throttles_of_requests_sent_before_the_cut_are_the_same_event() -> None:
+    budget = _steady(100.0, at_s=10.0)
+    rate = budget.rate_per_s
+    for sent_s in (9.95, 9.99, 10.0):  # in flight when the first 503 came back
+        assert not budget.on_throttle(sent_s, 10.02)
+    assert (budget.rate_per_s, budget.events) == (rate, 1)
+
+
+def test_a_throttle_after_the_cut_before_anything_got_through_cuts_again() -> None:
+    """The cut did not bite (a partition's burst hid the overload): cut again, keep w_max."""
+    budget = _steady(100.0, at_s=10.0)
+    w_max = budget.w_max_per_s
+    assert budget.on_throttle(10.01, 10.03)
+    assert budget.w_max_per_s == w_max
+    assert budget.rate_per_s == pytest.approx(0.8 * 80.0, rel=0.05)
+    assert budget.events == 2
+
+
+def test_a_throttle_after_recovery_is_a_new_event_with_fast_convergence() -> None:
+    budget = _steady(100.0, at_s=10.0)
+    _traffic(budget, 80.0, 10.0, 13.0)  # sent after the cut, accepted: recovered
+    assert budget.on_throttle(13.0, 13.0)
+    # accepted 80/s < w_max 100: w_max = 80 * (1 + 0.8) / 2, gives way to other gateways
+    assert budget.w_max_per_s == pytest.approx(80.0 * 0.9, rel=0.05)
+    assert budget.rate_per_s == pytest.approx(0.8 * budget.w_max_per_s)
+
+
+# -- CUBIC recovery and probing ----------------------------------------------------------------
+
+
+def test_recovery_reaches_w_max_after_recovery_s_of_binding_time_only() -> None:
+    budget = _steady(100.0, at_s=0.0)
+    assert budget.rate_per_s == pytest.approx(80.0, rel=0.05)
+    budget.tick(0.0, binding=False)
+    budget.tick(30.0, binding=False)  # idle: no growth
+    assert budget.rate_per_s == pytest.approx(80.0, rel=0.05)
+    assert _grow(budget, 30.0, 35.0) == pytest.approx(97.5, rel=0.02)  # concave: fast first
+    assert _grow(budget, 35.0, 40.0) == pytest.approx(100.0, rel=0.02)
+    assert _grow(budget, 40.0, 41.0) == pytest.approx(100.0, rel=0.01)  # flat near w_max
+
+
+@pytest.mark.parametrize("w_max", [5.0, 14.0, 3500.0])
+def test_recovery_time_is_the_same_at_any_scale(w_max: float) -> None:
+    budget = _steady(w_max, at_s=0.0)
+    assert _grow(budget, 0.0, 5.0) / budget.w_max_per_s == pytest.approx(0.975, abs=0.01)
+
+
+def test_probe_past_w_max_is_at_least_probe_c_in_absolute_terms() -> None:
+    """A small budget (one gateway's share) probes as fast as a large one, in requests/s:
+    what lets independent gateways converge to fair shares."""
+    small, large = _steady(5.0, at_s=0.0), _steady(50.0, at_s=0.0)
+    k_s = 10.0
+    grown_small = _grow(small, 0.0, k_s + 3.0) - small.w_max_per_s  # type: ignore[operator]
+    grown_large = _grow(large, 0.0, k_s + 3.0) - large.w_max_per_s  # type: ignore[operator]
+    assert grown_small == pytest.approx(0.02 * 3.0**3, rel=0.05)
+    assert grown_large == pytest.approx(grown_small, rel=0.05)
+
+
+def test_a_probe_far_past_w_max_without_a_throttle_starts_slow_start_again() -> None:
+    budget = _steady(10.0, at_s=0.0)
+    rate = _grow(budget, 0.0, 14.0)  # 4 s past w_max: +0.02 * 4**3
+    assert not budget.is_slow_start and rate == pytest.approx(11.28, rel=0.01)
+    _grow(budget, 14.0, 30.0)
+    assert budget.is_slow_start  # the limit has risen: found by doubling, not by a cubic
+    rate = budget.rate_per_s
+    for i in range(round(rate)):  # a second of successes while binding
+        budget.on_success(30.0 + i / rate, 30.0 + i / rate)
+    assert budget.rate_per_s == pytest.approx(2 * rate, rel=0.05)
+
+
+# -- outages, floor and ceiling -------------------------------------------------------------
+
+
+def test_an_outage_keeps_w_max_and_slow_starts_back_to_it() -> None:
+    budget = _steady(50.0, at_s=0.0)
+    t = 0.0
+    for _ in range(40):  # 20 s of nothing but 503s, one request per 0.5 s
+        t += 0.5
+        budget.on_throttle(t, t + 0.01)
+    assert budget.rate_per_s == CONFIG.floor_per_s
+    assert budget.w_max_per_s == pytest.approx(50.0, rel=0.05)
+    assert budget.is_slow_start
+    budget.tick(t, binding=True)
+    sent_s = t + 0.1
+    while budget.is_slow_start:  # answers again: +1 per success
+        budget.on_success(sent_s, sent_s + 0.05)
+        sent_s += 1.0 / budget.rate_per_s
+    assert budget.rate_per_s == pytest.approx(50.0, rel=0.05)
+    assert sent_s - t < 8.0  # back at w_max within seconds, not a cubic's tens
+
+
+def test_rate_stays_within_floor_and_ceiling() -> None:
+    config = RateConfig(initial_per_s=10.0, floor_per_s=2.0, ceiling_per_s=12.0)
+    budget = AdaptiveRate(config, 0.0)
+    budget.tick(0.0, binding=True)
+    for i in range(50):
+        budget.on_success(i * 0.01, i * 0.01)
+    assert budget.rate_per_s == 12.0
+    for i in range(20):
+        budget.on_throttle(1.0 + i, 1.0 + i + 0.01)
+    assert budget.rate_per_s == 2.0
+    assert math.isfinite(_grow(budget, 30.0, 200.0)) and budget.rate_per_s <= 12.0
