@@ -147,6 +147,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         space=space,
     )
     stack.push_async_callback(object_service.fills.close)
+    stack.push_async_callback(object_service.verifier.close)
     s3 = S3Services(
         objects=object_service,
         buckets=buckets,

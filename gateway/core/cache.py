@@ -1,5 +1,4 @@
-"""The local cache's read side: capacity admission for writes, read-through fills, and
-integrity checks of local bodies while they are served.
+"""The local cache's read side: capacity admission for writes and read-through fills.
 
 - ``admitted``: runs a write that brings new bytes (PutObject, UploadPart, CopyObject)
   inside its capacity reservation; a refusal is ``503 SlowDown``.
@@ -7,23 +6,18 @@ integrity checks of local bodies while they are served.
   served. The client never waits for the cache: pieces go through a bounded queue, and a
   full queue (slow disk) abandons the copy instead of blocking. The copy is committed as a
   ``durable`` row only if every byte arrived and its MD5 equals the (non-multipart) ETag.
-- ``read_verified``: streams a whole local object while hashing each body file against
-  its recorded MD5, holding back the last piece until the check passed, so a client never
-  receives a complete corrupt body: on a mismatch the stream raises instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import BinaryIO, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable
+from typing import Protocol, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
-from gateway.errors import InternalError
 from gateway.models import ObjectMeta
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
@@ -32,7 +26,6 @@ from gateway.store.space import CacheSpace
 log = logging.getLogger(__name__)
 
 _FILL_QUEUE_PIECES = 16  # x 1 MiB upstream pieces: memory bound of one fill
-_READ_PIECE_BYTES = 1 << 20
 
 
 class _Written(Protocol):
@@ -160,46 +153,3 @@ async def _tee(
                 task.cancel()  # a partial body is never committed
         with contextlib.suppress(Exception):
             await chunks.aclose()  # type: ignore[attr-defined]
-
-
-# -- integrity of local bodies ---------------------------------------------------------------
-
-OnCorrupt = Callable[[str], Awaitable[None]]
-
-
-async def read_verified(
-    files: list[BinaryIO], expected_md5s: list[str], on_corrupt: OnCorrupt
-) -> AsyncIterator[bytes]:
-    """Stream each whole file in order, checking its MD5 against ``expected_md5s``.
-
-    One piece is always held back, so the last bytes of the object leave only after every
-    file matched; on a mismatch ``on_corrupt(message)`` runs and InternalError is raised
-    (the response is cut short: the client sees a truncated body, never a complete bad one).
-    """
-    held: bytes | None = None
-    try:
-        for index, (fobj, expected) in enumerate(zip(files, expected_md5s, strict=True)):
-            md5 = hashlib.md5()
-            while piece := await asyncio.to_thread(_read_hashing, fobj, md5):
-                if held is not None:
-                    yield held
-                held = piece
-            if md5.hexdigest() != expected:
-                message = (
-                    f"local corruption: body file {index + 1} of {len(files)} has MD5 "
-                    f"{md5.hexdigest()}, recorded {expected}"
-                )
-                await on_corrupt(message)
-                raise InternalError(message)
-        if held is not None:
-            yield held
-    finally:
-        for fobj in files:
-            with contextlib.suppress(OSError):
-                fobj.close()
-
-
-def _read_hashing(fobj: BinaryIO, md5: hashlib._Hash) -> bytes:
-    piece = fobj.read(_READ_PIECE_BYTES)
-    md5.update(piece)
-    return piece

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from gateway.clock import SystemClock
-from gateway.core.cache import CacheFills, read_verified
-from gateway.errors import InternalError
+from gateway.core.cache import CacheFills
 from gateway.models import FlushState, ObjectMeta
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
@@ -123,29 +121,6 @@ def test_fill_skips_multipart_etags(env: Env) -> None:
     meta = ObjectMeta("b", "k", 10, "0" * 32 + "-2", 1.0)
     assert not env.fills.wants(meta, 1 << 30)
     assert env.fills.wants(_meta(b"0123456789"), 1 << 30)
-
-
-async def test_read_verified_holds_back_last_piece_on_mismatch() -> None:
-    good, bad = b"a" * 3_000_000, b"b" * 100
-    reported: list[str] = []
-
-    async def on_corrupt(message: str) -> None:
-        reported.append(message)
-
-    files = [io.BytesIO(good), io.BytesIO(bad)]
-    expected = [hashlib.md5(good).hexdigest(), hashlib.md5(b"c" * 100).hexdigest()]
-    got = b""
-    with pytest.raises(InternalError):
-        async for piece in read_verified(files, expected, on_corrupt):  # type: ignore[arg-type]
-            got += piece
-    assert len(got) < len(good) + len(bad)
-    assert len(reported) == 1 and "file 2 of 2" in reported[0]
-    assert all(f.closed for f in files)
-
-    files = [io.BytesIO(good), io.BytesIO(bad)]
-    expected[1] = hashlib.md5(bad).hexdigest()
-    whole = b"".join([p async for p in read_verified(files, expected, on_corrupt)])  # type: ignore[arg-type]
-    assert whole == good + bad
 
 
 async def test_fill_refused_after_a_write_already_gone_from_the_journal(env: Env) -> None:
