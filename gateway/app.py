@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import ssl
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from gateway.config import Settings
 from gateway.core.buckets import BucketService
 from gateway.core.copy import CopyService
 from gateway.core.deletes import DeleteService
+from gateway.core.fills import FillConfig
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
@@ -71,6 +73,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 
 async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncExitStack) -> None:
     clock = SystemClock()
+    _raise_open_files_limit()
     endpoint = settings.upstream_endpoint
     upstream_keys: tuple[str | None, str | None] = (None, None)
     static: dict[str, str] = {}
@@ -137,6 +140,32 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         min_part_bytes=settings.min_part_bytes,
         space=space,
     )
+    flusher = Flusher(
+        journal,
+        blobs,
+        upstream,
+        clock,
+        concurrency=settings.flush_concurrency,
+        backoff=Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s),
+        policy=PolicyConfig(
+            write_back_delay_s=settings.write_back_delay_s,
+            temp_patterns=settings.temp_patterns,
+            temp_hold_s=settings.temp_hold_s,
+            commit_markers=settings.commit_markers,
+        ),
+        lanes=LaneConfig(
+            depth=settings.lane_depth,
+            rate_per_s=settings.lane_rate,
+            min_rate_per_s=settings.lane_min_rate,
+            bandwidth_bytes_per_s=settings.lane_bandwidth_bytes,
+            concurrency=settings.lane_concurrency,
+        ),
+        rate_per_s=settings.flush_rate,
+        rate_burst=settings.flush_rate_burst,
+        bandwidth_bytes_per_s=settings.flush_bandwidth_bytes,
+        bandwidth_burst_bytes=settings.flush_bandwidth_burst_bytes,
+        multipart_threshold_bytes=settings.multipart_threshold_bytes,
+    )
     object_service = ObjectService(
         journal,
         blobs,
@@ -145,6 +174,14 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         clock,
         max_object_bytes=settings.max_object_bytes,
         space=space,
+        fill_config=FillConfig(
+            part_bytes=settings.read_part_size_bytes,
+            fill_concurrency=min(8, settings.read_concurrency),
+            request_concurrency=settings.read_concurrency,
+            max_object_bytes=settings.max_object_bytes,
+        ),
+        # Reads of the upstream share the flusher's global bytes/s budget.
+        budget=None if flusher.bandwidth.unlimited else flusher.bandwidth,
     )
     stack.push_async_callback(object_service.fills.close)
     stack.push_async_callback(object_service.verifier.close)
@@ -172,32 +209,6 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         clock=clock,
         max_header_bytes=settings.max_header_size_bytes,
         max_xml_body_bytes=settings.max_xml_body_bytes,
-    )
-    flusher = Flusher(
-        journal,
-        blobs,
-        upstream,
-        clock,
-        concurrency=settings.flush_concurrency,
-        backoff=Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s),
-        policy=PolicyConfig(
-            write_back_delay_s=settings.write_back_delay_s,
-            temp_patterns=settings.temp_patterns,
-            temp_hold_s=settings.temp_hold_s,
-            commit_markers=settings.commit_markers,
-        ),
-        lanes=LaneConfig(
-            depth=settings.lane_depth,
-            rate_per_s=settings.lane_rate,
-            min_rate_per_s=settings.lane_min_rate,
-            bandwidth_bytes_per_s=settings.lane_bandwidth_bytes,
-            concurrency=settings.lane_concurrency,
-        ),
-        rate_per_s=settings.flush_rate,
-        rate_burst=settings.flush_rate_burst,
-        bandwidth_bytes_per_s=settings.flush_bandwidth_bytes,
-        bandwidth_burst_bytes=settings.flush_bandwidth_burst_bytes,
-        multipart_threshold_bytes=settings.multipart_threshold_bytes,
     )
     flusher_task = asyncio.create_task(flusher.run(), name="flusher")
     evictor_task = asyncio.create_task(space.run(), name="evictor")
@@ -264,6 +275,17 @@ def quiet_secret_loggers() -> None:
     for name in ("botocore", "aiobotocore", "urllib3", "s3transfer"):
         logger = logging.getLogger(name)
         logger.setLevel(max(logger.getEffectiveLevel(), logging.INFO))
+
+
+def _raise_open_files_limit() -> None:
+    """A GET holds every body file it reads open (a multipart object: one per part), and a
+    read-through copy of a multipart object writes one file per part: allow as many
+    descriptors as this process may have (the soft limit is often 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+    if soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def _tls_context(settings: Settings) -> ssl.SSLContext | None:

@@ -157,3 +157,8 @@ GET_BODY_BYTES = Counter(
     ["how"],
     registry=REGISTRY,
 )
+READTHROUGH_BYTES = Counter(
+    "gateway_readthrough_bytes",
+    "Bytes fetched from the upstream by read-through fills (parallel ranged GETs)",
+    registry=REGISTRY,
+)

@@ -1,31 +1,14 @@
-"""The local cache's read side: capacity admission for writes and read-through fills.
-
-- ``admitted``: runs a write that brings new bytes (PutObject, UploadPart, CopyObject)
-  inside its capacity reservation; a refusal is ``503 SlowDown``.
-- ``CacheFill``: a full-object read-through GET is copied into a new blob *while* it is
-  served. The client never waits for the cache: pieces go through a bounded queue, and a
-  full queue (slow disk) abandons the copy instead of blocking. The copy is committed as a
-  ``durable`` row only if every byte arrived and its MD5 equals the (non-multipart) ETag.
-"""
+"""Capacity admission for writes that bring new bytes (PutObject, UploadPart, CopyObject):
+``admitted`` runs such a write inside its capacity reservation; a refusal is
+``503 SlowDown``. (Read-through copies reserve their room themselves: fills.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
-from gateway import metrics
-from gateway.clock import Clock
-from gateway.models import ObjectMeta
-from gateway.store.blobs import BlobStore
-from gateway.store.journal import Journal
 from gateway.store.space import CacheSpace
-
-log = logging.getLogger(__name__)
-
-_FILL_QUEUE_PIECES = 16  # x 1 MiB upstream pieces: memory bound of one fill
 
 
 class _Written(Protocol):
@@ -51,105 +34,3 @@ async def admitted(space: CacheSpace | None, size_bytes: int, write: Awaitable[W
     finally:
         if asyncio.iscoroutine(write):
             write.close()  # refused before it ran: no "never awaited" warning
-
-
-class CacheFills:
-    """Owner of the read-through fill tasks (each outlives its request by the commit).
-
-    Contract: a fill MUST NOT slow its client down, MUST NOT commit a body that is not
-    complete and MD5-equal to the upstream ETag, and MUST NOT replace a local row (a local
-    write or delete during the GET wins). ``close`` cancels fills still running.
-    """
-
-    def __init__(
-        self, journal: Journal, blobs: BlobStore, space: CacheSpace | None, clock: Clock
-    ) -> None:
-        self._journal = journal
-        self._blobs = blobs
-        self._space = space
-        self._clock = clock
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def is_enabled(self) -> bool:
-        return self._space is not None
-
-    def wants(self, meta: ObjectMeta, max_object_bytes: int) -> bool:
-        """Whether a full GET of ``meta`` should be copied into the cache."""
-        if self._space is None or "-" in meta.etag or len(meta.etag) != 32:
-            return False  # multipart ETag: no MD5 of the whole body to check against
-        return meta.size_bytes <= max_object_bytes and self._space.fits_cache(meta.size_bytes)
-
-    def tee(self, meta: ObjectMeta, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """Serve ``chunks`` and copy them into the cache on the side. The caller MUST hold a
-        journal ``watch`` on the key (taken before the upstream GET); the fill releases it."""
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue(_FILL_QUEUE_PIECES)
-        task = asyncio.create_task(self._fill(meta, queue), name=f"fill {meta.key}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        # Also when the task is cancelled before it ever ran.
-        task.add_done_callback(lambda _: self._journal.unwatch(meta.bucket, meta.key))
-        return _tee(chunks, queue, task)
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _fill(self, meta: ObjectMeta, queue: asyncio.Queue[bytes | None]) -> None:
-        try:
-            blob = await self._blobs.write(_drain(queue), {"md5"})
-        except Exception as exc:  # the copy is optional: the client got its bytes anyway
-            log.debug("read-through copy of %s/%s not kept: %s", meta.bucket, meta.key, exc)
-            return
-        is_whole = blob.size_bytes == meta.size_bytes and blob.digests["md5"].hex() == meta.etag
-        kept = False
-        try:
-            if is_whole:
-                kept = await self._journal.commit_cached(meta, blob.blob_id, self._clock.wall())
-        except Exception as exc:  # e.g. disk full: the copy is optional
-            log.debug("read-through copy of %s/%s not kept: %s", meta.bucket, meta.key, exc)
-        finally:
-            if not kept:
-                await asyncio.shield(self._blobs.discard([blob.blob_id]))
-        if not is_whole:
-            log.warning("read-through copy of %s/%s did not match its ETag", meta.bucket, meta.key)
-        if kept:
-            metrics.READTHROUGH_CACHED.inc()
-            if self._space is not None:
-                self._space.note_cached(meta.size_bytes)  # may pass the high watermark
-
-
-class _Abandoned(Exception):
-    """The fill fell behind the client (or the client left): drop the copy."""
-
-
-async def _drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
-    while (piece := await queue.get()) is not None:
-        yield piece
-
-
-async def _tee(
-    chunks: AsyncIterator[bytes], queue: asyncio.Queue[bytes | None], task: asyncio.Task[None]
-) -> AsyncIterator[bytes]:
-    is_complete = False
-    try:
-        async for piece in chunks:
-            if not task.done():
-                try:
-                    queue.put_nowait(piece)
-                except asyncio.QueueFull:
-                    task.cancel()  # the cache is slower than the client: never make it wait
-            yield piece
-        is_complete = True
-    finally:
-        if not task.done():
-            if is_complete:
-                try:
-                    queue.put_nowait(None)
-                except asyncio.QueueFull:
-                    task.cancel()
-            else:
-                task.cancel()  # a partial body is never committed
-        with contextlib.suppress(Exception):
-            await chunks.aclose()  # type: ignore[attr-defined]

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway import metrics
 from gateway.clock import Clock
 from gateway.core.bodies import BodySource, ChunkSource, LocalSource, NoBody, open_files, slices
 from gateway.core.buckets import BucketService
-from gateway.core.cache import CacheFills, admitted
+from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
+from gateway.core.fills import BandwidthBudget, FillConfig, FillManager
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.integrity import BlobVerifier, blob_checks
 from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range
@@ -90,6 +91,8 @@ class ObjectService:
         *,
         max_object_bytes: int,
         space: CacheSpace | None = None,
+        fill_config: FillConfig | None = None,
+        budget: BandwidthBudget | None = None,
     ) -> None:
         self._journal = journal
         self._blobs = blobs
@@ -98,8 +101,11 @@ class ObjectService:
         self._clock = clock
         self._max_object_bytes = max_object_bytes
         self._space = space
-        self.fills = CacheFills(journal, blobs, space, clock)
         self.verifier = BlobVerifier()
+        config = fill_config or FillConfig(max_object_bytes=max_object_bytes)
+        self.fills = FillManager(
+            journal, blobs, upstream, space, clock, self.verifier, config, budget
+        )
 
     async def put_object(
         self, req: PutRequest, body: RequestBody, cond: Preconditions = _NO_CONDITIONS
@@ -222,30 +228,28 @@ class ObjectService:
         return LocalSource(fds, pieces, verified)
 
     async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
-        """Read-through: the upstream evaluates range, part and preconditions in one GET.
-
-        A full GET may be copied into the cache: the key is watched from before the
-        upstream request, so a local write or delete that lands meanwhile (even one flushed
-        and evicted before the copy finishes) keeps the stale copy out."""
+        """Read-through. A whole GET, or a range of an object someone else reads too,
+        shares the key's fill (started if none runs: fills.py) and reads the bytes as they
+        arrive; preconditions and the range are evaluated against the fill's metadata. A
+        lone range read, a part read, or an object the cache has no room for is one GET of
+        just those bytes, evaluated by the upstream."""
         is_whole = read.range is None and read.part_number is None
-        if not is_whole or not self.fills.is_enabled:
+        if read.part_number is not None or not self.fills.is_enabled:
             return await self._upstream_fetch(bucket, key, read)
-        self._journal.watch(bucket, key)
-        try:
-            body = await self._upstream_fetch(bucket, key, read)
-        except BaseException:
-            self._journal.unwatch(bucket, key)
-            raise
-        head = body.head
-        if (
-            head.byte_range is None
-            and not head.is_not_modified
-            and self.fills.wants(head.meta, self._max_object_bytes)
-        ):
-            source = ChunkSource(self.fills.tee(body.head.meta, _chunks(body.source)))
-            return ObjectBody(body.head, source)
-        self._journal.unwatch(bucket, key)
-        return body
+        fill = self.fills.current(bucket, key)
+        if fill is None and (is_whole or self.fills.is_shared_range(bucket, key)):
+            fill = self.fills.start(bucket, key)
+        if fill is None:
+            return await self._upstream_fetch(bucket, key, read)
+        meta = await fill.head()
+        if not fill.is_serving:
+            return await self._upstream_fetch(bucket, key, read)
+        head = _apply(ObjectHead(meta, FlushState.DURABLE), read)
+        if head.is_not_modified:
+            return ObjectBody(head, NoBody())
+        span = head.byte_range or ByteRange(0, meta.size_bytes - 1, meta.size_bytes)
+        reader = fill.reader(span.start, span.length, is_whole=head.byte_range is None)
+        return ObjectBody(head, reader)
 
     async def _upstream_fetch(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
         try:
@@ -338,13 +342,3 @@ def _condition_headers(cond: Preconditions) -> dict[str, str]:
         "If-Unmodified-Since": cond.if_unmodified_since,
     }
     return {name: value for name, value in pairs.items() if value is not None}
-
-
-async def _chunks(source: BodySource) -> AsyncIterator[bytes]:
-    """The bytes of an upstream source (ChunkSource yields only bytes)."""
-    try:
-        while (piece := await source.next_piece()) is not None:
-            assert isinstance(piece, bytes)
-            yield piece
-    finally:
-        await source.aclose()
