@@ -291,9 +291,11 @@ class CacheSpace:
             return 0
         async with self._evict_lock:
             figures = await self.refresh()
-            if figures.used_bytes <= self.high_bytes:
+            # Read-through copies being written take their room now, not once committed.
+            used = figures.used_bytes + self._filling_bytes
+            if used <= self.high_bytes:
                 return 0
-            return await self._evict_down_to(figures.used_bytes, self.low_bytes)
+            return await self._evict_down_to(used, self.low_bytes)
 
     async def evict_for_disk(self) -> int:
         """The filesystem said ENOSPC: the disk is smaller than the capacity says (or other
