@@ -21,17 +21,20 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway.admin import reads as admin_reads
 from gateway.admin.api import AdminServices, build_admin_app
 from gateway.admin.auth import resolve_admin_token
 from gateway.clock import SystemClock
 from gateway.config import Settings
 from gateway.core.buckets import BucketService
+from gateway.core.checkpoints import CheckpointService
 from gateway.core.copy import CopyService
 from gateway.core.deletes import DeleteService
 from gateway.core.fills import FillConfig
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
+from gateway.core.prefetch import Prefetcher
 from gateway.errors import S3Error
 from gateway.flush.backoff import Backoff
 from gateway.flush.flusher import Flusher
@@ -212,8 +215,18 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
     )
     flusher_task = asyncio.create_task(flusher.run(), name="flusher")
     evictor_task = asyncio.create_task(space.run(), name="evictor")
+    prefetcher = Prefetcher(journal, upstream, object_service.fills, space, clock)
+    stack.push_async_callback(prefetcher.close)
+    checkpoints = CheckpointService(
+        s3.listing, object_service, journal, markers=settings.commit_markers
+    )
     admin = AdminServices(
-        journal=journal, flusher=flusher, clock=clock, capacity_bytes=capacity, token=admin_token
+        journal=journal,
+        flusher=flusher,
+        clock=clock,
+        capacity_bytes=capacity,
+        token=admin_token,
+        status_extras={"prefetch": prefetcher.status},
     )
 
     limits = HttpLimits(
@@ -222,7 +235,9 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         max_headers=settings.max_headers,
     )
     s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0)
-    admin_runner = web.AppRunner(build_admin_app(admin), handle_signals=False, access_log=None)
+    admin_app = build_admin_app(admin)
+    admin_reads.install(admin_app, prefetcher, checkpoints)
+    admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
     await s3_runner.setup()
     await admin_runner.setup()
     stack.push_async_callback(admin_runner.cleanup)

@@ -161,7 +161,7 @@ class Fill:
         for future in (self._head, self._checked):
             future.add_done_callback(_consume)
         self._progress = asyncio.Event()
-        self._error: BaseException | None = None
+        self._error: S3Error | None = None
         self._files: FillFiles | None = None
         self._coverage: Coverage | None = None
         self._leases = 0
@@ -173,6 +173,11 @@ class Fill:
 
     async def done(self) -> None:
         await asyncio.shield(self._done)
+
+    @property
+    def error(self) -> S3Error | None:
+        """Why the fill failed (None while running, or when it did not fail)."""
+        return self._error
 
     @property
     def arrived_bytes(self) -> int:

@@ -164,8 +164,13 @@ class CacheSpace:
         """Whether a read-through copy of ``size_bytes`` may be kept without passing the
         high watermark once durable rows are evicted (pinned bytes and copies still being
         written stay under it)."""
-        pinned = self._snapshot.pinned_bytes + self._committed_since_bytes + self._reserved_bytes
-        return pinned + self._filling_bytes + size_bytes <= self.high_bytes
+        return self.pinned_estimate_bytes + self._filling_bytes + size_bytes <= self.high_bytes
+
+    @property
+    def pinned_estimate_bytes(self) -> int:
+        """Bytes eviction cannot free (unflushed, open uploads, writes in progress); an
+        over-estimate until the next snapshot (recent commits count as pinned)."""
+        return self._snapshot.pinned_bytes + self._committed_since_bytes + self._reserved_bytes
 
     def reserve_fill(self, size_bytes: int) -> bool:
         """Reserve room for a read-through copy about to be written; False (nothing
