@@ -219,3 +219,56 @@ def test_checkpoints_newest_first_and_latest(
     assert durable.stdout == "run/step_12/\n"
     none = _cli(gw, "latest", "--bucket", ebucket, "--prefix", "nothing/")
     assert none.returncode == 4 and "no complete checkpoint" in none.stderr
+
+
+def _init_container_script(bucket: str, prefix: str) -> tuple[str, dict[str, str]]:
+    """The restore init container the Helm chart prints (NOTES.txt), as script and env."""
+    import helm_python as helm
+    import yaml
+
+    chart_dir = Path(__file__).resolve().parents[2] / "helm" / "s3-gateway"
+    values = yaml.safe_load((chart_dir / "ci" / "test-values.yaml").read_text())
+    values["restore"] = {"bucket": bucket, "prefix": prefix}
+    with helm.Chart.load(chart_dir) as chart:
+        text = chart.render(values=values, name="gw", namespace="ml")[
+            "s3-gateway/templates/NOTES.txt"
+        ]
+    (container,) = yaml.safe_load(text[text.index("  initContainers:") :])["initContainers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    return container["args"][0], env
+
+
+def test_helm_init_container_prefetches_the_latest_checkpoint(
+    emu: EmulatorThread, origin: Any, ebucket: str, gw_factory: Callable[..., GatewayProcess]
+) -> None:
+    gw = gw_factory()
+    for step in (1, 2):
+        for rank in range(3):
+            key = f"run/step_{step}/__{rank}_0.distcp"
+            origin.put_object(Bucket=ebucket, Key=key, Body=payload(MiB, seed=f"{step}{rank}"))
+        origin.put_object(Bucket=ebucket, Key=f"run/step_{step}/.metadata", Body=b"meta")
+    origin.put_object(Bucket=ebucket, Key="run/step_3/__0_0.distcp", Body=b"no marker yet")
+    script, env = _init_container_script(ebucket, "run/")
+    env |= {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "GATEWAY_ADMIN": gw.admin,  # instead of the Service of a cluster
+    }
+    done = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"prefetching s3://{ebucket}/run/step_2/" in done.stdout
+    for rank in range(3):
+        assert gw.object_state(ebucket, f"run/step_2/__{rank}_0.distcp")["state"] == "durable"
+    fetched = {e["key"] for e in emu.log if e["op"] == "GetObject"}
+    assert not any(k.startswith(("run/step_1/", "run/step_3/")) for k in fetched)
+
+    nothing, _ = _init_container_script(ebucket, "empty/")
+    quiet = subprocess.run(
+        ["/bin/sh", "-c", nothing], env=env | {"RESTORE_PREFIX": "empty/"}, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert quiet.returncode == 0 and "no checkpoint" in quiet.stdout
+    down = subprocess.run(
+        ["/bin/sh", "-c", script], env=env | {"GATEWAY_ADMIN": "http://127.0.0.1:9"},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert down.returncode == 1  # the kubelet retries until the gateway is up
