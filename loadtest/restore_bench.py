@@ -183,6 +183,12 @@ def peak_rss_mib(proc: Proc) -> float | None:
     return None
 
 
+def cpu_seconds(proc: Proc) -> float:
+    """User + system CPU time the process used so far."""
+    fields = Path(f"/proc/{proc.popen.pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def metric(admin: str, name: str) -> float:
     _, text = admin_http(admin + "/metrics")
     for line in str(text).splitlines():
@@ -356,6 +362,7 @@ def _gateway_restore(
             for k in keys
         ]
         before = emulator_bytes_out(url)
+        cpu_before = cpu_seconds(gw)
         started = time.perf_counter()
         out: dict[str, Any] = {}
         if prefetch:
@@ -367,12 +374,14 @@ def _gateway_restore(
                 time.sleep(0.05)
                 job = admin_http(f"{admin}/admin/v1/prefetch?{query}")[1]
             out["seconds"] = time.perf_counter() - started
+            out["gateway_cpu_s"] = cpu_seconds(gw) - cpu_before
             if job["state"] != "done":
                 raise BenchError(f"prefetch: {job}")
             local = read_urls(urls, args.readers)  # then the job reads it from the cache
             out["local_read_seconds"] = local[1]
         else:
             got, out["seconds"] = read_urls(urls, args.readers)
+            out["gateway_cpu_s"] = cpu_seconds(gw) - cpu_before
             if got != len(keys) * args.shard_size:
                 raise BenchError(f"read {got} bytes")
         out["upstream_bytes"] = emulator_bytes_out(url) - before
@@ -482,6 +491,8 @@ def report(res: dict[str, Any]) -> None:
                 if "local_read_seconds" in r
                 else ""
             )
+            if "gateway_cpu_s" in r:
+                extra += f", gateway CPU {r['gateway_cpu_s']:.1f} s"
             rss = f", peak RSS {r['peak_rss_mib']:.0f} MiB" if r.get("peak_rss_mib") else ""
             print(
                 f"{leg:20s} {r['seconds']:7.2f} s  {r['bandwidth_ratio']:.2f} x bandwidth  "

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from gateway.core.bodies import FileSpan
 from gateway.store.blobs import BlobStore
 
+_MAX_IOVECS = 512  # below IOV_MAX (1024 on Linux)
+
 
 class FillFiles:
     def __init__(self, blobs: BlobStore, opened: list[tuple[str, int]], sizes: Sequence[int]):
@@ -52,8 +54,20 @@ class FillFiles:
             index += 1
         return index
 
-    def write(self, pos: int, data: bytes) -> None:
-        view = memoryview(data)
+    def write(self, pos: int, pieces: list[bytes]) -> None:
+        """Write ``pieces`` (in order) at object offset ``pos``: one ``pwritev`` when they
+        fall in one file, else piecewise across the files."""
+        total = sum(len(p) for p in pieces)
+        if len(pieces) > _MAX_IOVECS:
+            pieces = [b"".join(pieces)]
+        index = self._locate(pos)
+        offset = pos - self._starts[index]
+        if total <= self._sizes[index] - offset:
+            written = os.pwritev(self.fds[index], pieces, offset)
+            if written == total:
+                return
+            pieces, pos = [b"".join(pieces)[written:]], pos + written  # short write: rare
+        view = memoryview(b"".join(pieces))
         while view:
             index = self._locate(pos)
             offset = pos - self._starts[index]

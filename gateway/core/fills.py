@@ -50,7 +50,9 @@ _RANGE_WINDOW_S = 30.0  # a second range read of a key within this starts a fill
 _RANGE_MEMORY = 4096
 _CHUNK_TRIES = 4
 _RETRY_BASE_S = 0.2
-_MAX_SPAN_BYTES = 8 * MiB
+_MAX_SPAN_BYTES = 8 * MiB  # one reader's piece (sendfile: no memory)
+_HASH_PIECE_BYTES = 1 * MiB  # one pread of the in-order hash: memory per running fill
+_WRITE_BATCH_BYTES = 1 * MiB  # network pieces gathered per write: memory per ranged GET
 
 
 class BandwidthBudget(Protocol):
@@ -353,13 +355,26 @@ class Fill:
                 await asyncio.sleep(_RETRY_BASE_S * 2**attempt)
 
     async def _write(self, answer: UpstreamObject, index: int, pos: int) -> None:
+        """Stream one answer into the files at ``pos``. The network hands over pieces of
+        tens of KiB: they are written in batches of ``_WRITE_BATCH_BYTES`` (one thread hop
+        and one ``pwritev`` each), and readers are woken once per batch."""
         files, coverage = self._files, self._coverage
         assert files is not None and coverage is not None
         loop = asyncio.get_running_loop()
+        batch: list[bytes] = []
+        batch_bytes = 0
         async for piece in answer.chunks():
-            await loop.run_in_executor(self._m.executor, files.write, pos, piece)
-            pos += len(piece)
-            coverage.add(index, len(piece))
+            batch.append(piece)
+            batch_bytes += len(piece)
+            if batch_bytes >= _WRITE_BATCH_BYTES:
+                await loop.run_in_executor(self._m.executor, files.write, pos, batch)
+                pos += batch_bytes
+                coverage.add(index, batch_bytes)
+                self._notify()
+                batch, batch_bytes = [], 0
+        if batch:
+            await loop.run_in_executor(self._m.executor, files.write, pos, batch)
+            coverage.add(index, batch_bytes)
             self._notify()
         start, end = coverage.chunk(index)
         if start + coverage.filled(index) < end:
@@ -374,7 +389,7 @@ class Fill:
         loop = asyncio.get_running_loop()
         pos = 0
         while pos < coverage.size_bytes:
-            end = min(coverage.available_end(pos), pos + _MAX_SPAN_BYTES)
+            end = min(coverage.available_end(pos), pos + _HASH_PIECE_BYTES)
             if end <= pos:
                 await self._progress.wait()
                 continue
@@ -402,7 +417,7 @@ class Fill:
         if kept:
             metrics.READTHROUGH_CACHED.inc()
             for fd, blob, md5 in zip(files.fds, files.blob_ids, md5s, strict=True):
-                m.verifier.note_good(fd, BlobCheck(blob, md5.hex()))  # hashed just now
+                m.verifier.note_good(fd, BlobCheck(blob, "md5", md5))  # hashed just now
         return kept
 
     async def _pace(self, n_bytes: int) -> None:

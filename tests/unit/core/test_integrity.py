@@ -5,15 +5,18 @@ the held-back last piece of a read from ever leaving."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import os
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from gateway.core.bodies import FileSpan, LocalSource, Slice, slices
-from gateway.core.integrity import BlobCheck, BlobVerifier, CorruptBody
+from gateway.core.integrity import BlobCheck, BlobVerifier, CorruptBody, blob_checks
+from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
 
 MiB = 1 << 20
 
@@ -28,7 +31,7 @@ async def verifier() -> AsyncIterator[BlobVerifier]:
 def _file(tmp_path: Path, data: bytes, name: str = "blob") -> tuple[int, BlobCheck]:
     path = tmp_path / name
     path.write_bytes(data)
-    return os.open(path, os.O_RDONLY), BlobCheck(name, hashlib.md5(data).hexdigest())
+    return os.open(path, os.O_RDONLY), BlobCheck(name, "md5", hashlib.md5(data).digest())
 
 
 def _rewrite(tmp_path: Path, name: str, data: bytes) -> None:
@@ -72,7 +75,7 @@ async def test_concurrent_readers_share_one_hash_and_one_report(
 ) -> None:
     data = os.urandom(2 * MiB)
     fd, check = _file(tmp_path, data)
-    bad = BlobCheck(check.blob_id, hashlib.md5(b"other").hexdigest())
+    bad = BlobCheck(check.blob_id, "md5", hashlib.md5(b"other").digest())
     reports: list[str] = []
 
     async def report(message: str) -> None:
@@ -123,7 +126,7 @@ async def test_local_source_never_completes_a_corrupt_body(
 ) -> None:
     data = os.urandom(MiB + 10)
     fd, check = _file(tmp_path, data)
-    bad = BlobCheck(check.blob_id, hashlib.md5(b"not it").hexdigest())
+    bad = BlobCheck(check.blob_id, "md5", hashlib.md5(b"not it").digest())
     source = LocalSource([fd], [Slice(0, 5, 100)], verifier.verify([(fd, bad)]))
     with pytest.raises(CorruptBody):
         await source.next_piece()  # a small range is held back whole
@@ -147,3 +150,49 @@ def test_slices_cover_exactly_the_range(
     sizes: list[int], start: int, length: int, want: list[Slice]
 ) -> None:
     assert slices(sizes, start, length) == want
+
+
+def _row(etag: str, checksums: dict[str, str], parts: tuple[PartRef, ...] = ()) -> LocalObject:
+    meta = ObjectMeta("b", "k", 10, etag, 1.0, checksums=checksums)
+    return LocalObject(meta, 1, FlushState.PENDING, None if parts else "blob", parts=parts)
+
+
+def test_blob_checks_pick_the_fastest_stored_digest() -> None:
+    md5 = hashlib.md5(b"x").hexdigest()
+    crc32, crc32c = base64.b64encode(b"\x01\x02\x03\x04").decode(), "AAAAAQ=="
+    sha = base64.b64encode(bytes(32)).decode()
+    assert blob_checks(_row(md5, {})) == [BlobCheck("blob", "md5", bytes.fromhex(md5))]
+    assert blob_checks(_row(md5, {"sha256": sha, "crc32": crc32})) == [
+        BlobCheck("blob", "crc32", b"\x01\x02\x03\x04")
+    ]
+    assert blob_checks(_row(md5, {"crc32": crc32, "crc32c": crc32c}))[0].algorithm == "crc32c"
+    # A composite value is not the file's own digest; an unreadable one is skipped.
+    assert blob_checks(_row(md5, {"crc32": crc32 + "-2", "crc32c": "!!"}))[0].algorithm == "md5"
+    assert blob_checks(_row(md5 + "-2", {})) is None  # no whole-object digest at all
+
+
+def test_blob_checks_of_parts_use_the_part_checksums_else_their_md5() -> None:
+    p1, p2 = hashlib.md5(b"1").hexdigest(), hashlib.md5(b"2").hexdigest()
+    parts = (PartRef("a", 5, p1, "AAAAAQ=="), PartRef("b", 5, p2, "AAAAAg=="))
+    checks = blob_checks(_row("x" * 32 + "-2", {"crc32c": "AAAAAw==-2"}, parts))
+    assert checks == [BlobCheck("a", "crc32c", b"\0\0\0\1"), BlobCheck("b", "crc32c", b"\0\0\0\2")]
+    plain = blob_checks(_row("x" * 32 + "-2", {}, parts))
+    assert plain == [
+        BlobCheck("a", "md5", bytes.fromhex(p1)),
+        BlobCheck("b", "md5", bytes.fromhex(p2)),
+    ]
+
+
+async def test_verifier_checks_a_crc(tmp_path: Path, verifier: BlobVerifier) -> None:
+    data = os.urandom(MiB)
+    path = tmp_path / "crc"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        good = BlobCheck("crc", "crc32", zlib.crc32(data).to_bytes(4, "big"))
+        await verifier.verify([(fd, good)])
+        bad = BlobCheck("crc2", "crc32", (zlib.crc32(data) ^ 1).to_bytes(4, "big"))
+        with pytest.raises(CorruptBody, match="recorded crc32"):
+            await verifier.verify([(fd, bad)])
+    finally:
+        os.close(fd)
