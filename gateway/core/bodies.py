@@ -17,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from gateway.core.integrity import Verification
 
 # The last bytes of a verified read are held until verification is done: any nonzero
 # amount keeps a corrupt body from being complete; one piece is what the client waits for.
 _HOLD_BYTES = 1 << 20
 _MAX_SPAN_BYTES = 64 << 20
+_PACED_SPAN_BYTES = 8 << 20  # a verified read's hash trails its send by at most this
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,47 +98,52 @@ def slices(sizes: Sequence[int], start: int, length: int) -> list[Slice]:
 class LocalSource:
     """A span of a local object's body files, released only once they are verified.
 
-    ``fds`` are owned by the source (closed by ``aclose``). ``verified`` is started when
-    the source is made (the hash runs alongside the send); every piece but the last
-    ``_HOLD_BYTES`` goes out at once, the rest only after ``verified`` returned. When
-    ``verified`` is None (already known good, or nothing to check) nothing is held.
+    ``fds`` are owned by the source (closed by ``aclose``). With a ``verification``, every
+    piece but the last ``_HOLD_BYTES`` goes out at once, in pieces of at most
+    ``_PACED_SPAN_BYTES``, and after each one the files' hashes may read up to what was
+    sent (from the page cache: the send read it from disk); the held bytes leave only once
+    ``verification.wait()`` returned. Without one (known good, or nothing to check)
+    nothing is held.
     """
 
     def __init__(
-        self,
-        fds: list[int],
-        pieces: list[Slice],
-        verified: Awaitable[None] | None,
+        self, fds: list[int], pieces: list[Slice], verification: Verification | None
     ) -> None:
         self._fds = fds
-        self._spans = _held_back(pieces, _HOLD_BYTES if verified is not None else 0)
-        self._verify: asyncio.Task[None] | None = None
-        if verified is not None:
-            self._verify = asyncio.ensure_future(verified)
+        self._verification = verification
+        if verification is None:
+            self._spans = _held_back(pieces, 0, _MAX_SPAN_BYTES)
+        else:
+            self._spans = _held_back(pieces, _HOLD_BYTES, _PACED_SPAN_BYTES)
         self._next = 0
+        self._sent: Slice | None = None
 
     async def next_piece(self) -> Piece | None:
+        verification = self._verification
+        if verification is not None and self._sent is not None:
+            verification.allow(self._sent.index, self._sent.offset + self._sent.count)
         if self._next >= len(self._spans):
             return None
         piece, is_held = self._spans[self._next]
-        if is_held and self._verify is not None:
-            await self._verify  # raises on a mismatch: the held bytes never leave
+        if is_held and verification is not None:
+            await verification.wait()  # raises on a mismatch: the held bytes never leave
         self._next += 1
+        self._sent = piece
         return FileSpan(self._fds[piece.index], piece.offset, piece.count)
 
     async def aclose(self) -> None:
-        if self._verify is not None and not self._verify.done():
-            self._verify.cancel()  # the hash itself is shielded and goes on for the memo
-            with contextlib.suppress(BaseException):
-                await self._verify
+        if self._verification is not None:
+            self._verification.finish()  # the hash completes for the memo, reader or not
         fds, self._fds = self._fds, []
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
-def _held_back(pieces: list[Slice], hold_bytes: int) -> list[tuple[Slice, bool]]:
-    """``pieces`` cut to at most ``_MAX_SPAN_BYTES`` each, with the last ``hold_bytes``
+def _held_back(
+    pieces: list[Slice], hold_bytes: int, max_span_bytes: int
+) -> list[tuple[Slice, bool]]:
+    """``pieces`` cut to at most ``max_span_bytes`` each, with the last ``hold_bytes``
     split off and flagged as held."""
     out: list[tuple[Slice, bool]] = []
     left = sum(p.count for p in pieces)
@@ -143,7 +151,7 @@ def _held_back(pieces: list[Slice], hold_bytes: int) -> list[tuple[Slice, bool]]
         offset, count = piece.offset, piece.count
         while count > 0:
             free = left - hold_bytes  # bytes that may leave before verification
-            n = min(count, _MAX_SPAN_BYTES, free) if free > 0 else min(count, _MAX_SPAN_BYTES)
+            n = min(count, max_span_bytes, free) if free > 0 else min(count, max_span_bytes)
             out.append((Slice(piece.index, offset, n), free <= 0))
             offset, count, left = offset + n, count - n, left - n
     return out

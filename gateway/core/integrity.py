@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gateway import metrics
-from gateway.checksums import new_hasher
+from gateway.checksums import Hasher, new_hasher
 from gateway.errors import InternalError
 from gateway.models import LocalObject
 
@@ -111,17 +111,6 @@ def _b64(value: str) -> bytes | None:
         return None  # not a digest we can check against: the next one is used
 
 
-def digest_matches(fd: int, check: BlobCheck) -> bool:
-    """Blocking: does the whole file behind ``fd`` hash to ``check``? Reads with ``pread``
-    (the descriptor's offset is left alone; a reader may share it)."""
-    hasher = new_hasher(check.algorithm)
-    offset = 0
-    while piece := os.pread(fd, _HASH_PIECE_BYTES, offset):
-        hasher.update(piece)
-        offset += len(piece)
-    return hasher.digest() == check.expected
-
-
 # (blob id, inode, size, mtime_ns, ctime_ns): the file as it was when it was hashed.
 _FileKey = tuple[str, int, int, int, int]
 OnCorrupt = Callable[[str], Awaitable[None]]
@@ -133,18 +122,87 @@ class CorruptBody(InternalError):
     completed."""
 
 
+class _HashJob:
+    """One file's hash, paced: it reads no further than ``limit`` (what readers have sent
+    so far: those pages are in the page cache), so a file is read from disk once, by the
+    send, and hashed right behind it. Readers raise the limit; the last piece of a read
+    lifts it to the end."""
+
+    def __init__(self, verifier: BlobVerifier, fd: int, check: BlobCheck, key: _FileKey):
+        self.size = key[2]
+        self.limit = 0
+        self._moved = asyncio.Event()
+        self.task = asyncio.create_task(
+            verifier.run_job(self, fd, check, key), name=f"verify {check.blob_id}"
+        )
+
+    def allow(self, upto: int) -> None:
+        if upto > self.limit:
+            self.limit = min(upto, self.size)
+            self._moved.set()
+
+    async def wait_for_more(self, pos: int) -> None:
+        while self.limit <= pos:
+            self._moved.clear()
+            await self._moved.wait()
+
+
+class Verification:
+    """The verification of the files one read touches (see ``BlobVerifier.start``).
+
+    ``allow(i, upto)``: the read has sent file ``i`` up to byte ``upto`` (its hash may go
+    that far). ``finish()``: hash the rest of every file now. ``wait()``: returns once
+    every file matched; raises ``CorruptBody`` otherwise.
+    """
+
+    def __init__(
+        self,
+        jobs: list[tuple[_HashJob | None, BlobCheck]],
+        owned: set[int],
+        on_corrupt: OnCorrupt | None,
+    ) -> None:
+        self._jobs = jobs
+        self._owned = owned  # indices whose hash this read started: it reports damage
+        self._on_corrupt = on_corrupt
+
+    def allow(self, index: int, upto: int) -> None:
+        job = self._jobs[index][0]
+        if job is not None:
+            job.allow(upto)
+
+    def finish(self) -> None:
+        for job, _ in self._jobs:
+            if job is not None:
+                job.allow(job.size)
+
+    async def wait(self) -> None:
+        self.finish()
+        for index, (job, check) in enumerate(self._jobs):
+            # Shielded: a reader that goes away leaves the hash to the others (and the memo).
+            if job is None or await asyncio.shield(job.task):
+                continue
+            message = (
+                f"local corruption: body file {check.blob_id} does not match its "
+                f"recorded {check.algorithm} {check.expected.hex()}"
+            )
+            if index in self._owned and self._on_corrupt is not None:
+                await self._on_corrupt(message)
+            raise CorruptBody(message)
+
+
 class BlobVerifier:
     """Verify-once memo of body files, with one hash per file at a time (single-flight).
 
-    Contract: ``verify`` MUST NOT return normally unless every listed file, as its
-    descriptor sees it now, hashed to its check (now or earlier with identical inode, size,
-    mtime and ctime). On a mismatch it raises ``CorruptBody`` and the ``on_corrupt`` of the
-    caller that started that hash runs once. ``close`` cancels hashes still running.
+    Contract: a ``Verification``'s ``wait`` (and ``verify``) MUST NOT return normally unless
+    every listed file, as its descriptor sees it now, hashed to its check (now or earlier
+    with identical inode, size, mtime and ctime). On a mismatch it raises ``CorruptBody``
+    and the ``on_corrupt`` of the read that started that hash runs once. ``close`` cancels
+    hashes still running.
     """
 
     def __init__(self, threads: int = 2) -> None:
         self._good: OrderedDict[_FileKey, None] = OrderedDict()
-        self._running: dict[_FileKey, asyncio.Task[bool]] = {}
+        self._running: dict[_FileKey, _HashJob] = {}
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="verify")
         self.hashed_bytes = 0  # bytes hashed so far (tests and the read benchmark read it)
 
@@ -159,51 +217,55 @@ class BlobVerifier:
         """Record a file as verified (its bytes were just hashed elsewhere: a fill)."""
         self._remember(_file_key(fd, check))
 
+    def start(
+        self, files: list[tuple[int, BlobCheck]], on_corrupt: OnCorrupt | None = None
+    ) -> Verification:
+        """Begin verifying each (descriptor, check) of one read: known good files are
+        skipped, a hash already running for a file is joined, others start paced."""
+        jobs: list[tuple[_HashJob | None, BlobCheck]] = []
+        owned: set[int] = set()
+        for index, (fd, check) in enumerate(files):
+            key = _file_key(fd, check)
+            job = None if key in self._good else self._running.get(key)
+            if job is None and key not in self._good:
+                job = _HashJob(self, fd, check, key)
+                self._running[key] = job
+                owned.add(index)
+            jobs.append((job, check))
+        return Verification(jobs, owned, on_corrupt)
+
     async def verify(
         self, files: list[tuple[int, BlobCheck]], on_corrupt: OnCorrupt | None = None
     ) -> None:
-        """Verify each (descriptor, check); see the class contract."""
-        for fd, check in files:
-            key = _file_key(fd, check)
-            if key in self._good:
-                continue
-            task = self._running.get(key)
-            is_owner = task is None
-            if task is None:
-                task = self._start(fd, check, key)
-            # Shielded: a reader that goes away leaves the hash to the others (and the memo).
-            if not await asyncio.shield(task):
-                message = (
-                    f"local corruption: body file {check.blob_id} does not match its "
-                    f"recorded {check.algorithm} {check.expected.hex()}"
-                )
-                if is_owner and on_corrupt is not None:
-                    await on_corrupt(message)
-                raise CorruptBody(message)
-
-    def _start(self, fd: int, check: BlobCheck, key: _FileKey) -> asyncio.Task[bool]:
-        task = asyncio.create_task(self._hash(fd, check, key), name=f"verify {check.blob_id}")
-        self._running[key] = task
-
-        def forget(_: asyncio.Task[bool]) -> None:
-            self._running.pop(key, None)
-
-        task.add_done_callback(forget)
-        return task
+        """Verify each (descriptor, check) at once, unpaced; see the class contract."""
+        await self.start(files, on_corrupt).wait()
 
     async def close(self) -> None:
-        for task in list(self._running.values()):
+        tasks = [job.task for job in self._running.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _hash(self, fd: int, check: BlobCheck, key: _FileKey) -> bool:
+    async def run_job(self, job: _HashJob, fd: int, check: BlobCheck, key: _FileKey) -> bool:
         # Our own descriptor: the reader that asked may close its own before we finish.
         own = os.dup(fd)
         try:
+            hasher = new_hasher(check.algorithm)
             loop = asyncio.get_running_loop()
-            is_good = await loop.run_in_executor(self._executor, digest_matches, own, check)
+            pos = 0
+            try:
+                while pos < job.size:
+                    await job.wait_for_more(pos)
+                    n = min(_HASH_PIECE_BYTES, job.limit - pos)
+                    await loop.run_in_executor(self._executor, _feed, hasher, own, pos, n)
+                    pos += n
+                is_good = hasher.digest() == check.expected and os.fstat(own).st_size == pos
+            except OSError as exc:  # cut short under us (truncated): not the recorded body
+                log.warning("verifying %s: %s", check.blob_id, exc)
+                is_good = False
         finally:
+            self._running.pop(key, None)
             with contextlib.suppress(OSError):
                 os.close(own)
         self.hashed_bytes += key[2]
@@ -217,6 +279,14 @@ class BlobVerifier:
         self._good.move_to_end(key)
         while len(self._good) > _MEMO_ENTRIES:
             self._good.popitem(last=False)
+
+
+def _feed(hasher: Hasher, fd: int, pos: int, count: int) -> None:
+    """Blocking: hash ``count`` bytes of ``fd`` at ``pos`` (pread: no shared offset)."""
+    data = os.pread(fd, count, pos)
+    if len(data) != count:
+        raise OSError(f"body file ended {count - len(data)} bytes early")
+    hasher.update(data)
 
 
 def _file_key(fd: int, check: BlobCheck) -> _FileKey:

@@ -223,9 +223,11 @@ class ObjectService:
         pieces = [type(p)(renumber[p.index], p.offset, p.count) for p in pieces]
         checks = blob_checks(local)
         files = [(fds[n], checks[i]) for n, i in enumerate(touched)] if checks else []
-        files = [(fd, c) for fd, c in files if not self.verifier.is_known_good(fd, c)]
-        verified = self.verifier.verify(files, self._corrupt_hook(local)) if files else None
-        return LocalSource(fds, pieces, verified)
+        verification = None
+        if not all(self.verifier.is_known_good(fd, check) for fd, check in files):
+            # Indexed like ``fds``; known good files among them are skipped inside.
+            verification = self.verifier.start(files, self._corrupt_hook(local))
+        return LocalSource(fds, pieces, verification)
 
     async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
         """Read-through. A whole GET, or a range of an object someone else reads too,

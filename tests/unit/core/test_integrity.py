@@ -96,28 +96,23 @@ def _read(span: FileSpan) -> bytes:
     return os.pread(span.fd, span.count, span.offset)
 
 
-async def test_local_source_holds_back_the_last_piece_until_verified(
+async def test_local_source_hash_trails_the_send_and_holds_the_last_piece(
     tmp_path: Path, verifier: BlobVerifier
 ) -> None:
-    data = os.urandom(3 * MiB)
+    data = os.urandom(20 * MiB)
     fd, check = _file(tmp_path, data)
-    gate = asyncio.Event()
-
-    async def verified() -> None:
-        await gate.wait()
-        await verifier.verify([(fd, check)])
-
-    source = LocalSource([fd], [Slice(0, 0, len(data))], verified())
+    source = LocalSource([fd], [Slice(0, 0, len(data))], verifier.start([(fd, check)]))
+    got = b""
     first = await source.next_piece()
-    assert isinstance(first, FileSpan) and first.count == 2 * MiB
-    held = asyncio.ensure_future(source.next_piece())
-    await asyncio.sleep(0.01)
-    assert not held.done()  # the last MiB waits for the hash
-    gate.set()
-    last = await held
-    assert isinstance(last, FileSpan)
-    assert _read(first) + _read(last) == data
-    assert await source.next_piece() is None
+    assert isinstance(first, FileSpan) and first.count == 8 * MiB
+    got += _read(first)
+    await asyncio.sleep(0.05)
+    assert verifier.hashed_bytes == 0  # nothing sent yet: the hash waits for the send
+    while (piece := await source.next_piece()) is not None:
+        assert isinstance(piece, FileSpan)
+        got += _read(piece)
+    assert got == data and verifier.hashed_bytes == len(data)
+    assert verifier.is_known_good(fd, check)
     await source.aclose()
 
 
@@ -127,12 +122,28 @@ async def test_local_source_never_completes_a_corrupt_body(
     data = os.urandom(MiB + 10)
     fd, check = _file(tmp_path, data)
     bad = BlobCheck(check.blob_id, "md5", hashlib.md5(b"not it").digest())
-    source = LocalSource([fd], [Slice(0, 5, 100)], verifier.verify([(fd, bad)]))
+    source = LocalSource([fd], [Slice(0, 5, 100)], verifier.start([(fd, bad)]))
     with pytest.raises(CorruptBody):
         await source.next_piece()  # a small range is held back whole
     await source.aclose()
     with pytest.raises(OSError):
         os.fstat(fd)  # released
+
+
+async def test_a_reader_leaving_lets_the_hash_finish_for_the_memo(
+    tmp_path: Path, verifier: BlobVerifier
+) -> None:
+    data = os.urandom(12 * MiB)
+    fd, check = _file(tmp_path, data)
+    source = LocalSource([os.dup(fd)], [Slice(0, 0, len(data))], verifier.start([(fd, check)]))
+    assert await source.next_piece() is not None
+    await source.aclose()  # gone after one piece
+    for _ in range(200):
+        if verifier.is_known_good(fd, check):
+            break
+        await asyncio.sleep(0.01)
+    assert verifier.is_known_good(fd, check)
+    os.close(fd)
 
 
 @pytest.mark.parametrize(
