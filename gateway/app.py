@@ -179,7 +179,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         space=space,
         fill_config=FillConfig(
             part_bytes=settings.read_part_size_bytes,
-            fill_concurrency=min(8, settings.read_concurrency),
+            fill_concurrency=max(1, settings.read_concurrency // 2),
             request_concurrency=settings.read_concurrency,
             max_object_bytes=settings.max_object_bytes,
         ),

@@ -173,7 +173,7 @@ class Settings:
     # -- reads of remote objects (issue 15) --------------------------------------------------
     # A remote object is fetched once per node with parallel ranged GETs of this size ...
     read_part_size_bytes: int = 8 * MiB
-    # ... at most this many at once over all objects (per object: up to 8 of them).
+    # ... at most this many at once over all objects (one object: up to half of them).
     read_concurrency: int = 32
 
     @property

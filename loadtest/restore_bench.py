@@ -408,9 +408,11 @@ def same_object_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         out: dict[str, Any] = {"bytes": size, "floor_s": size / args.bandwidth}
         gw, endpoint, _ = start_gateway(workdir, "same-gateway", url, [])
         try:
-            clients = [s3(endpoint) for _ in range(args.same_readers)]
+            signed = s3(endpoint).generate_presigned_url(
+                "get_object", Params={"Bucket": BUCKET, "Key": key}
+            )
             before = emulator_bytes_out(url)
-            got, seconds = together(args.same_readers, lambda i: _drain(clients[i], key))
+            got, seconds = together(args.same_readers, lambda i: read_urls([signed], 1)[0])
             out["gateway"] = {
                 "seconds": seconds,
                 "bytes_read": got,
@@ -419,9 +421,11 @@ def same_object_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             }
         finally:
             gw.stop()
-        direct = [s3(url, "k", "s") for _ in range(args.same_readers)]
+        direct = s3(url, "k", "s").generate_presigned_url(
+            "get_object", Params={"Bucket": BUCKET, "Key": key}
+        )
         before = emulator_bytes_out(url)
-        got, seconds = together(args.same_readers, lambda i: _drain(direct[i], key))
+        got, seconds = together(args.same_readers, lambda i: read_urls([direct], 1)[0])
         out["direct"] = {
             "seconds": seconds,
             "bytes_read": got,
@@ -433,14 +437,6 @@ def same_object_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         return out
     finally:
         emu.stop()
-
-
-def _drain(client: Any, key: str) -> int:
-    body = client.get_object(Bucket=BUCKET, Key=key)["Body"]
-    n = 0
-    while piece := body.read(_READ_BUF):
-        n += len(piece)
-    return n
 
 
 # -- report -------------------------------------------------------------------------------------
