@@ -412,20 +412,24 @@ def same_object_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 "get_object", Params={"Bucket": BUCKET, "Key": key}
             )
             before = emulator_bytes_out(url)
+            admin_http(url + "/_emulator/log", "DELETE")
+            started_wall = time.time()
             got, seconds = together(args.same_readers, lambda i: read_urls([signed], 1)[0])
+            log = admin_http(url + "/_emulator/log")[1]
             out["gateway"] = {
                 "seconds": seconds,
                 "bytes_read": got,
                 "upstream_bytes": emulator_bytes_out(url) - before,
+                "upstream_requests": len(log),
+                # When the emulator sent the object's last byte (the rest is delivery).
+                "upstream_done_s": max(e["ts_end"] for e in log) - started_wall,
                 "peak_rss_mib": peak_rss_mib(gw),
             }
         finally:
             gw.stop()
-        direct = s3(url, "k", "s").generate_presigned_url(
-            "get_object", Params={"Bucket": BUCKET, "Key": key}
-        )
+        direct = [s3(url, "k", "s") for _ in range(args.same_readers)]
         before = emulator_bytes_out(url)
-        got, seconds = together(args.same_readers, lambda i: read_urls([direct], 1)[0])
+        got, seconds = together(args.same_readers, lambda i: _drain(direct[i], key))
         out["direct"] = {
             "seconds": seconds,
             "bytes_read": got,
@@ -437,6 +441,16 @@ def same_object_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         return out
     finally:
         emu.stop()
+
+
+def _drain(client: Any, key: str) -> int:
+    """GET ``key`` with boto3 and read it with ``readinto`` (no Python copies kept)."""
+    raw = client.get_object(Bucket=BUCKET, Key=key)["Body"]._raw_stream
+    buf = memoryview(bytearray(_READ_BUF))
+    n = 0
+    while got := raw.readinto(buf):
+        n += got
+    return n
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -500,6 +514,11 @@ def report(res: dict[str, Any]) -> None:
         for leg in ("gateway", "direct"):
             r = c[leg]
             rss = f", peak RSS {r['peak_rss_mib']:.0f} MiB" if r.get("peak_rss_mib") else ""
+            if "upstream_done_s" in r:
+                rss += (
+                    f", {r['upstream_requests']} upstream requests, last upstream byte at "
+                    f"{r['upstream_done_s']:.2f} s ({c['floor_s'] / r['upstream_done_s']:.2f} x)"
+                )
             print(
                 f"{leg:8s} {r['seconds']:7.2f} s  {r['bandwidth_ratio']:.2f} x bandwidth  "
                 f"upstream {r['upstream_x_object']:.3f} x object{rss}"
