@@ -32,6 +32,16 @@ class FillFiles:
         self._starts = [0, *itertools.accumulate(self._sizes)][:-1]
         self._md5s = [hashlib.md5() for _ in self._sizes]
         self._is_closed = False
+        # Each file is written by exactly one ranged GET, front to back (the fetch grid
+        # matches the files): its MD5 is then taken from the bytes as they are written,
+        # in parallel across files, and ``hash`` is not needed.
+        self.is_hashed_inline = False
+
+    def matches_grid(self, chunk_bytes: int) -> bool:
+        """Whether fetch chunks of ``chunk_bytes`` fall exactly on the files."""
+        return all(size == chunk_bytes for size in self._sizes[:-1]) and (
+            self._sizes[-1] <= chunk_bytes
+        )
 
     @classmethod
     def create(cls, blobs: BlobStore, sizes: Sequence[int]) -> FillFiles:
@@ -62,6 +72,10 @@ class FillFiles:
             pieces = [b"".join(pieces)]
         index = self._locate(pos)
         offset = pos - self._starts[index]
+        if self.is_hashed_inline:
+            md5 = self._md5s[index]  # this file's only writer: bytes come in order
+            for piece in pieces:
+                md5.update(piece)
         if total <= self._sizes[index] - offset:
             written = os.pwritev(self.fds[index], pieces, offset)
             if written == total:
@@ -82,7 +96,8 @@ class FillFiles:
         return FileSpan(self.fds[index], offset, min(stop - pos, self._sizes[index] - offset))
 
     def hash(self, pos: int, end: int) -> None:
-        """Feed object bytes ``[pos, end)`` (already written) to their files' MD5s."""
+        """Feed object bytes ``[pos, end)`` (already written) to their files' MD5s (when
+        they are not hashed inline)."""
         while pos < end:
             index = self._locate(pos)
             offset = pos - self._starts[index]

@@ -313,14 +313,16 @@ class Fill:
         whole = parse_content_range(first.content_range) is None  # the range was ignored
         chunk = meta.size_bytes if whole else m.config.part_bytes
         self._coverage = Coverage(meta.size_bytes, chunk)
+        self._files.is_hashed_inline = self._files.matches_grid(chunk)
         self.meta = meta
         self._head.set_result(meta)
 
     async def _fetch(self, first: UpstreamObject, is_checkable: bool) -> list[bytes]:
         """Every chunk (the first from ``first``), and the body files' MD5s in order."""
-        assert self._coverage is not None
-        coverage = self._coverage
+        coverage, files = self._coverage, self._files
+        assert coverage is not None and files is not None
         indices = iter(range(1, coverage.chunks))
+        is_ordered = is_checkable and not files.is_hashed_inline
 
         async def worker() -> None:
             for index in indices:
@@ -328,13 +330,15 @@ class Fill:
 
         try:
             async with asyncio.TaskGroup() as group:
-                hashing = group.create_task(self._hash()) if is_checkable else None
+                hashing = group.create_task(self._hash()) if is_ordered else None
                 group.create_task(self._write(first, 0, 0))
                 for _ in range(min(self._m.config.fill_concurrency, coverage.chunks - 1)):
                     group.create_task(worker())
         except BaseExceptionGroup as group_error:
             raise group_error.exceptions[0] from None  # the first failure is the story
-        return hashing.result() if hashing is not None else []
+        if hashing is not None:
+            return hashing.result()
+        return files.digests() if is_checkable else []
 
     async def _fetch_chunk(self, index: int) -> None:
         """One chunk by ranged GET, resumed where it stopped after a transient error."""

@@ -25,7 +25,7 @@ from gateway.models import FlushState
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.space import CacheSpace
-from gateway.upstream.client import UpstreamObject
+from gateway.upstream.client import UpstreamHead, UpstreamObject
 
 KiB = 1024
 
@@ -38,6 +38,26 @@ class RangedUpstream(FakeUpstream):
         super().__init__(["b"])
         self.gate: asyncio.Event | None = None
         self.ranges: list[str | None] = []
+        self.part_bytes: int | None = None  # set: objects are multipart with such parts
+
+    async def head_part(self, bucket: str, key: str, part_number: int) -> UpstreamHead:
+        data, meta = self._find(bucket, key)
+        if self.part_bytes is None:
+            return await super().head_part(bucket, key, part_number)
+        end = min(len(data), self.part_bytes) - 1
+        return UpstreamHead(meta, f"bytes 0-{end}/{len(data)}", -(-len(data) // self.part_bytes))
+
+    def add_multipart(self, key: str, body: bytes, part_bytes: int, *, wrong: bool = False) -> None:
+        """``body`` as an object uploaded in parts of ``part_bytes`` (its ETag: the MD5 of
+        the part MD5s, ``-N``; ``wrong``: of other bytes)."""
+        meta = self.add_object("b", key, body)
+        parts = [body[i : i + part_bytes] for i in range(0, len(body), part_bytes)]
+        if wrong:
+            parts[-1] = b"x" + parts[-1][1:]
+        digest = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest()
+        etag = f"{digest}-{len(parts)}"
+        self.buckets["b"][key] = (body, dataclasses.replace(meta, etag=etag))
+        self.part_bytes = part_bytes
 
     async def get_object(
         self,
@@ -203,6 +223,34 @@ async def test_upstream_change_mid_fill_fails_readers_and_keeps_nothing(env: Env
     env.upstream.gate.set()
     with pytest.raises(PreconditionFailed):
         await _read_all(reader)
+    await fill.done()
+    assert not fill.is_committed and env.body_files() == []
+
+
+@pytest.mark.parametrize("part_kib", [4, 3])  # on the fetch grid (hashed inline), or not
+async def test_multipart_copy_is_kept_part_by_part(env: Env, part_kib: int) -> None:
+    body = os.urandom(10 * KiB + 5)
+    env.upstream.add_multipart("k", body, part_kib * KiB)
+    fill = env.fills.start("b", "k")
+    await fill.head()
+    assert await _read_all(fill.reader(0, len(body), is_whole=True)) == body
+    await fill.done()
+    assert fill.is_committed
+    row = await env.journal.get("b", "k")
+    assert row is not None and row.blob_id is None
+    parts = [env.blobs.path(p.blob_id).read_bytes() for p in row.parts]
+    assert b"".join(parts) == body and len(parts[0]) == part_kib * KiB
+    assert [p.etag for p in row.parts] == [hashlib.md5(p).hexdigest() for p in parts]
+
+
+@pytest.mark.parametrize("part_kib", [4, 3])
+async def test_multipart_copy_with_a_wrong_part_is_not_kept(env: Env, part_kib: int) -> None:
+    body = os.urandom(10 * KiB + 5)
+    env.upstream.add_multipart("k", body, part_kib * KiB, wrong=True)
+    fill = env.fills.start("b", "k")
+    await fill.head()
+    with pytest.raises(Exception, match="does not match"):
+        await _read_all(fill.reader(0, len(body), is_whole=True))
     await fill.done()
     assert not fill.is_committed and env.body_files() == []
 
