@@ -30,7 +30,7 @@ from gateway.core.buckets import BucketService
 from gateway.core.checkpoints import CheckpointService
 from gateway.core.copy import CopyService
 from gateway.core.deletes import DeleteService
-from gateway.core.fills import FillConfig
+from gateway.core.fill import FillConfig
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService

@@ -24,7 +24,8 @@ from gateway.core.bodies import BodySource, ChunkSource, LocalSource, NoBody, op
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
-from gateway.core.fills import BandwidthBudget, FillConfig, FillManager
+from gateway.core.fill import BandwidthBudget, FillConfig
+from gateway.core.fills import FillManager
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.integrity import BlobVerifier, blob_checks
 from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.clock import Clock
-from gateway.core.fills import Fill, FillManager
+from gateway.core.fill import Fill
+from gateway.core.fills import FillManager
 from gateway.errors import S3Error
 from gateway.models import FlushState
 from gateway.store.journal import Journal

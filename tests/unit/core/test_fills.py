@@ -17,8 +17,9 @@ from fakes import FakeUpstream, _Body
 
 from gateway.clock import SystemClock
 from gateway.core.bodies import FileSpan
+from gateway.core.fill import FillConfig
 from gateway.core.fill_layout import Coverage, Layout, digest_matches, layout
-from gateway.core.fills import FillConfig, FillManager
+from gateway.core.fills import FillManager
 from gateway.core.integrity import BlobVerifier
 from gateway.errors import PreconditionFailed
 from gateway.models import FlushState
