@@ -256,3 +256,36 @@ def test_object_replaced_upstream_mid_fill_is_cut_never_mixed(
     emu.emulator.configure(bandwidth=0)
     fresh = s3.get_object(Bucket=ebucket, Key="x/obj")
     assert read_body(fresh) == new and fresh["ETag"] == quoted_md5(new)
+
+
+def test_reads_draw_on_the_flush_bandwidth_budget(
+    emu: EmulatorThread, origin: Any, ebucket: str, gw_factory: Callable[..., GatewayProcess]
+) -> None:
+    """--flush-bandwidth is the upstream budget of reads too: 12 MiB at 4 MiB/s (a 4 MiB
+    burst) cannot be fetched in less than about 2 s, however fast the upstream is."""
+    gw = gw_factory("--flush-bandwidth", "4MiB", "--read-part-size", "2MiB")
+    body = payload(12 * MiB, seed="budget")
+    origin.put_object(Bucket=ebucket, Key="b/obj", Body=body)
+    assert read_body(gw.client().get_object(Bucket=ebucket, Key="b/obj")) == body
+    starts = sorted(e["ts"] for e in _gets(emu, "b/obj"))
+    assert len(starts) == 6 and starts[-1] - starts[0] >= 1.0  # a lower bound only
+
+
+def test_shutdown_during_a_fill_leaves_nothing_behind(
+    emu: EmulatorThread, origin: Any, ebucket: str, gw: GatewayProcess
+) -> None:
+    body = payload(16 * MiB, seed="stop")
+    origin.put_object(Bucket=ebucket, Key="s/obj", Body=body)
+    emu.emulator.configure(bandwidth=2 * MiB)  # eight seconds to fetch
+    started = gw.admin_request("POST", f"/admin/v1/prefetch?bucket={ebucket}&prefix=s/")
+    assert started.status == 202
+    deadline = time.monotonic() + 10
+    while not _gets(emu, "s/obj") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gw.stop() == 0  # the fill is cancelled: nothing waits for it
+    assert "Traceback" not in gw.log_tail(300)
+    emu.emulator.configure(bandwidth=0)
+    gw.start()
+    assert gw.admin_request("GET", f"/admin/v1/objects/{ebucket}/s/obj").status == 404
+    assert not any((gw.data_dir / "tmp").iterdir())
+    assert read_body(gw.client().get_object(Bucket=ebucket, Key="s/obj")) == body
