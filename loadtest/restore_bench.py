@@ -6,7 +6,8 @@ limit measured or set in the same run:
 
 ``cached``  16 x 64 MiB objects written through the gateway (flushing held back), then read
             by 16 parallel readers, against raw sequential reads of the same body files
-            (single thread, 4 MiB preads). Before every timed pass the files' pages are
+            (single thread, 4 MiB preads; measured before and after the gateway's passes
+            of each run, the mean is the reference). Before every timed pass the files' pages are
             dropped from the page cache (``posix_fadvise(DONTNEED)``: cold, as after a
             reboot or on a node short of memory). Gateway passes: *first* (a restarted
             gateway: every body file is hashed once while it is sent) and *known good*
@@ -66,8 +67,10 @@ _READ_BUF = 4 * MiB
 # -- clients and measurements -----------------------------------------------------------------
 
 
-def s3(endpoint: str, key: str = GW_KEY, secret: str = GW_SECRET) -> Any:
+def s3(endpoint: str, key: str = GW_KEY, secret: str = GW_SECRET, *, checksums: bool = True) -> Any:
+    """A boto3 client; ``checksums=False``: no x-amz-checksum-* on uploads (MD5 only)."""
     config = Config(
+        request_checksum_calculation="when_supported" if checksums else "when_required",
         signature_version="s3v4",
         retries={"max_attempts": 3, "mode": "standard"},
         s3={"addressing_style": "path"},
@@ -235,12 +238,13 @@ def cached_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     hold = ["--write-back-delay", "86400"]  # nothing flushes while we measure
     gw, endpoint, admin = start_gateway(workdir, "cached-gateway", emu_url, hold)
     try:
-        client = s3(endpoint)
+        client = s3(endpoint, checksums=args.checksum != "none")
+        extra = {"ChecksumAlgorithm": args.checksum.upper()} if args.checksum != "none" else {}
         md5s: dict[str, str] = {}
         for i in range(args.objects):
             body = os.urandom(args.object_size)
             key = f"ckpt/step_1/shard_{i:02d}"
-            client.put_object(Bucket=BUCKET, Key=key, Body=body)
+            client.put_object(Bucket=BUCKET, Key=key, Body=body, **extra)
             md5s[key] = hashlib.md5(body).hexdigest()
             del body
         paths = blob_paths(workdir / "cached-gateway-data")
@@ -254,7 +258,7 @@ def cached_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 for k in md5s
             ]
             drop_cache(paths)
-            raw = raw_read(paths)
+            raw_before = raw_read(paths)
             drop_cache(paths)
             hashed = metric(admin, "gateway_read_verified_bytes")
             first = read_urls(urls, args.readers)
@@ -262,9 +266,13 @@ def cached_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             drop_cache(paths)
             second = read_urls(urls, args.readers)
             hashed_second = metric(admin, "gateway_read_verified_bytes") - hashed - hashed_first
+            drop_cache(paths)
+            raw_after = raw_read(paths)  # raw brackets the gateway's passes (disk drift)
+            raw = (raw_before[0] + raw_after[0], raw_before[1] + raw_after[1])
             runs.append(
                 {
                     "raw_mib_s": rate(*raw),
+                    "raw_before_after_mib_s": [rate(*raw_before), rate(*raw_after)],
                     "first_mib_s": rate(*first),
                     "known_good_mib_s": rate(*second),
                     "first_ratio": rate(*first) / rate(*raw),
@@ -466,7 +474,10 @@ def report(res: dict[str, Any]) -> None:
     if "cached" in res:
         c = res["cached"]
         runs = c["runs"]
-        print(f"\n== cached: {args_line(res)} {c['bytes'] / MiB:.0f} MiB in body files")
+        print(
+            f"\n== cached: {args_line(res)} {c['bytes'] / MiB:.0f} MiB in body files, "
+            f"written with checksum {res['args']['checksum']}"
+        )
         print(
             "run  raw MiB/s  first MiB/s (x raw)  known-good MiB/s (x raw)"
             "  hashed first/known-good MiB  peak RSS MiB"
@@ -540,6 +551,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--object-size", type=parse_size, default=64 * MiB)
     p.add_argument("--readers", type=int, default=16)
     p.add_argument("--repeat", type=int, default=3, help="cached leg: timed runs")
+    p.add_argument(
+        "--checksum",
+        choices=("crc32", "crc32c", "none"),
+        default="crc32",
+        help="cached leg: x-amz-checksum the objects are written with (crc32: boto3's "
+        "default; none: only the MD5 ETag is recorded), which the first read verifies",
+    )
     p.add_argument("--shards", type=int, default=64)
     p.add_argument("--shard-size", type=parse_size, default=24 * MiB)
     p.add_argument("--same-size", type=parse_size, default=256 * MiB)
