@@ -89,10 +89,8 @@ class Fill:
         self.is_committed = False
         loop = asyncio.get_running_loop()
         self._head: asyncio.Future[ObjectMeta] = loop.create_future()
-        self._checked: asyncio.Future[None] = loop.create_future()
         self._done: asyncio.Future[None] = loop.create_future()
-        for future in (self._head, self._checked):
-            future.add_done_callback(_consume)
+        self._head.add_done_callback(_consume)
         self._progress = asyncio.Event()
         self._error: S3Error | None = None
         self._files: FillFiles | None = None
@@ -116,13 +114,12 @@ class Fill:
     def arrived_bytes(self) -> int:
         return self._coverage.arrived_bytes if self._coverage else 0
 
-    def reader(self, start: int, length: int, *, is_whole: bool) -> FillReader:
-        """Bytes ``start`` .. ``start + length - 1`` as they arrive; ``is_whole`` holds
-        the last piece until the copy's check passed. Call only once ``head()`` returned
-        and ``is_serving``."""
+    def reader(self, start: int, length: int) -> FillReader:
+        """Bytes ``start`` .. ``start + length - 1`` as they arrive. Call only once
+        ``head()`` returned and ``is_serving``."""
         assert self._files is not None and self._coverage is not None
         self._leases += 1
-        return FillReader(self, start, start + length, is_whole)
+        return FillReader(self, start, start + length)
 
     def release(self) -> None:
         self._leases -= 1
@@ -145,9 +142,6 @@ class Fill:
         await event.wait()
         if self._error is not None:
             raise self._error
-
-    async def checked(self) -> None:
-        await asyncio.shield(self._checked)
 
     def _notify(self) -> None:
         event, self._progress = self._progress, asyncio.Event()
@@ -178,14 +172,18 @@ class Fill:
             reserved = meta.size_bytes
             await self._begin(meta, plan, first)
             md5s = await self._fetch(first, plan.is_checkable)
-            if plan.is_checkable:
-                if not digest_matches(meta.etag, md5s):
-                    raise InternalError(
-                        f"read-through copy of {self.bucket}/{self.key} does not match "
-                        f"ETag {meta.etag}"
-                    )
-                self._checked.set_result(None)
+            if plan.is_checkable and digest_matches(meta.etag, md5s):
                 self.is_committed = await self._commit(meta, plan, md5s)
+            elif plan.is_checkable:
+                # Readers got the upstream's bytes as sent; only the copy is refused.
+                # Encrypted objects (SSE-KMS, SSE-C) have ETags that are not MD5s.
+                log.info(
+                    "read-through copy of %s/%s not kept: its bytes do not hash to the "
+                    "ETag %s (an encrypted object, or parts of unequal sizes)",
+                    self.bucket,
+                    self.key,
+                    meta.etag,
+                )
         except asyncio.CancelledError as exc:
             self._fail(exc)
             raise
@@ -201,8 +199,6 @@ class Fill:
                 m.space.release_fill(reserved, is_kept=self.is_committed)
             m.journal.unwatch(self.bucket, self.key)
             m.forget(self)
-            if not self._checked.done():
-                self._checked.set_result(None)  # uncheckable copy: nothing to hold back for
             if self._files is not None and not self.is_committed:
                 await asyncio.to_thread(self._files.discard)
             self._done.set_result(None)
@@ -374,9 +370,8 @@ class Fill:
 
     def _fail(self, exc: BaseException) -> None:
         self._error = exc if isinstance(exc, S3Error) else InternalError("read-through failed")
-        for future in (self._head, self._checked):
-            if not future.done():
-                future.set_exception(self._error)
+        if not self._head.done():
+            self._head.set_exception(self._error)
 
     def _close_if_unused(self) -> None:
         if self._done.done() and self._leases == 0 and self._files is not None:
@@ -392,11 +387,10 @@ def _consume(future: asyncio.Future[Any]) -> None:
 class FillReader:
     """A ``BodySource`` over a fill: bytes ``[pos, end)`` in order as they arrive."""
 
-    def __init__(self, fill: Fill, pos: int, end: int, is_whole: bool) -> None:
+    def __init__(self, fill: Fill, pos: int, end: int) -> None:
         self._fill = fill
         self._pos = pos
         self._end = end
-        self._is_whole = is_whole
         self._is_open = True
 
     async def next_piece(self) -> Piece | None:
@@ -406,8 +400,6 @@ class FillReader:
         while (available := fill.available_end(self._pos)) <= self._pos:
             await fill.wait_progress()
         stop = min(available, self._end, self._pos + _MAX_SPAN_BYTES)
-        if self._is_whole and stop == self._end:
-            await fill.checked()  # the last piece leaves only once the copy checked out
         span = fill.span(self._pos, stop)
         self._pos += span.count
         return span

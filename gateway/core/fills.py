@@ -7,7 +7,10 @@ pace, by ``sendfile`` like any local body. A reader never waits for the whole ob
 fill never waits for a reader, and memory stays bounded (about one MiB per chunk in
 flight) whatever the object size or the number of readers. When every byte is there, the
 copy is checked (MD5 against the ETag, or the part MD5s against a multipart ETag) and
-committed as a ``durable`` row, so the next reader reads it locally.
+committed as a ``durable`` row, so the next reader reads it locally. Readers get the
+upstream's bytes as the upstream sends them (as a direct GET would: S3 has no digest of
+a range, and an encrypted object's ETag is not an MD5): a copy that fails its check is
+only not kept.
 
 Contract (``FillManager``): at most one fill per key at a time; a fill MUST NOT commit a
 copy that is incomplete, fails its check, or was overtaken by a local write or delete of the
@@ -15,9 +18,7 @@ key (journal ``watch``/``commit_cached``); it reserves its size under the cache'
 watermark first (``CacheSpace.reserve_fill``) and refuses to start when that fails, and it
 evicts nothing (the evictor only ever removes durable rows). Upstream bytes go through the
 shared upstream ``BandwidthBudget`` and at most ``request_concurrency`` ranged GETs run at
-once across fills. A whole-object reader gets its last piece only once the copy's check
-passed (a corrupt copy is never served complete); a ranged reader is not held back (S3 has
-no per-range digest to check). ``close`` cancels running fills; their readers see errors.
+once across fills. ``close`` cancels running fills; their readers see errors.
 """
 
 from __future__ import annotations

@@ -251,8 +251,7 @@ class ObjectService:
         if head.is_not_modified:
             return ObjectBody(head, NoBody())
         span = head.byte_range or ByteRange(0, meta.size_bytes - 1, meta.size_bytes)
-        reader = fill.reader(span.start, span.length, is_whole=head.byte_range is None)
-        return ObjectBody(head, reader)
+        return ObjectBody(head, fill.reader(span.start, span.length))
 
     async def _upstream_fetch(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
         try:

@@ -289,3 +289,27 @@ def test_shutdown_during_a_fill_leaves_nothing_behind(
     assert gw.admin_request("GET", f"/admin/v1/objects/{ebucket}/s/obj").status == 404
     assert not any((gw.data_dir / "tmp").iterdir())
     assert read_body(gw.client().get_object(Bucket=ebucket, Key="s/obj")) == body
+
+
+def test_a_copy_that_does_not_match_its_etag_is_served_and_not_kept(
+    tmp_path: Path,
+) -> None:
+    """The emulator without bodies answers zeros under the ETag of what was written: a
+    body that does not hash to its ETag, as an SSE-KMS object's. Readers get what the
+    upstream sends (as from S3 directly); the copy is not kept, and reads stay upstream."""
+    with EmulatorThread(latency_ms=0, store_bodies=False) as emu:
+        origin = s3_client(emu.url, access_key="k", secret_key="s", retries=3)
+        origin.create_bucket(Bucket="enc")
+        origin.put_object(Bucket="enc", Key="kms/obj", Body=payload(10 * MiB, seed="kms"))
+        gw = GatewayProcess(tmp_path / "data", emu.url).start()
+        try:
+            got = gw.client().get_object(Bucket="enc", Key="kms/obj")
+            assert read_body(got) == bytes(10 * MiB)
+            assert got["ETag"] == quoted_md5(payload(10 * MiB, seed="kms"))
+            deadline = time.monotonic() + 30
+            while "not kept" not in gw.log_tail(50) and time.monotonic() < deadline:
+                time.sleep(0.05)  # the fill's end is logged
+            assert "not kept" in gw.log_tail(50)
+            assert gw.admin_request("GET", "/admin/v1/objects/enc/kms/obj").status == 404
+        finally:
+            gw.stop()
