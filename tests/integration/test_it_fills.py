@@ -134,6 +134,7 @@ def test_eight_readers_of_one_remote_object_cost_the_bucket_one_read(
         return read_body(got)
 
     assert all(b == body for b in _together(8, read))
+    _wait_state(gw, ebucket, "ckpt/step_1/shard", "durable")  # every GET is logged by now
     gets = _gets(emu, "ckpt/step_1/shard")
     assert _upstream_bytes(emu, "ckpt/step_1/shard") == len(body)  # 1.00x
     assert len(gets) == 3  # 8 MiB ranged GETs: 0-8, 8-16, 16-20 MiB
@@ -142,7 +143,6 @@ def test_eight_readers_of_one_remote_object_cost_the_bucket_one_read(
     starts = sorted(e["ts"] for e in gets)
     assert any(e["ts_end"] > starts[-1] for e in gets if e["ts"] < starts[-1])
 
-    _wait_state(gw, ebucket, "ckpt/step_1/shard", "durable")
     emu.emulator.configure(bandwidth=0)
     again = s3.get_object(Bucket=ebucket, Key="ckpt/step_1/shard")
     assert read_body(again) == body
@@ -173,10 +173,10 @@ def test_parallel_ranged_fetch_of_a_multipart_object_is_exact(
     assert got["ETag"] == etag and got["ContentLength"] == len(whole)
     data = read_body(got)
     assert hashlib.md5(data).hexdigest() == hashlib.md5(whole).hexdigest()
-    gets = _gets(emu, "mp/obj")
-    assert len(gets) == 3 and _upstream_bytes(emu, "mp/obj") == len(whole)
     # Kept part by part (each part's MD5 checked against the ETag), served locally after.
     _wait_state(gw, ebucket, "mp/obj", "durable")
+    gets = _gets(emu, "mp/obj")
+    assert len(gets) == 3 and _upstream_bytes(emu, "mp/obj") == len(whole)
     assert [p.stat().st_size for p in gw.blob_files(ebucket, "mp/obj")] == [len(p) for p in parts]
     ranged = s3.get_object(Bucket=ebucket, Key="mp/obj", Range=f"bytes={7 * MiB - 5}-{14 * MiB}")
     assert read_body(ranged) == whole[7 * MiB - 5 : 14 * MiB + 1]
@@ -211,9 +211,9 @@ def test_concurrent_range_reads_fetch_the_object_once_plus_one_range(
 
     got = _together(8, read)
     assert got == [body[a : b + 1] for a, b in spans]
+    _wait_state(gw, ebucket, "r/obj", "durable")  # the fill's last GETs are logged by now
     largest = max(b - a + 1 for a, b in spans)
     assert len(body) <= _upstream_bytes(emu, "r/obj") <= len(body) + largest
-    _wait_state(gw, ebucket, "r/obj", "durable")
 
 
 def test_local_write_during_a_fill_wins(
