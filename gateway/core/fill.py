@@ -52,7 +52,7 @@ class BandwidthBudget(Protocol):
 class FillConfig:
     part_bytes: int = 8 * MiB  # one ranged GET
     fill_concurrency: int = 8  # ranged GETs in flight for one object
-    request_concurrency: int = 32  # ranged GETs in flight over all fills
+    request_concurrency: int = 32  # ranged GETs over all fills (a first answer: till its headers)
     max_object_bytes: int = 5 << 30  # larger objects are served, never cached
 
 
@@ -114,10 +114,13 @@ class Fill:
     def arrived_bytes(self) -> int:
         return self._coverage.arrived_bytes if self._coverage else 0
 
-    def reader(self, start: int, length: int) -> FillReader:
-        """Bytes ``start`` .. ``start + length - 1`` as they arrive. Call only once
-        ``head()`` returned and ``is_serving``."""
+    def reader(self, start: int, length: int) -> FillReader | None:
+        """Bytes ``start`` .. ``start + length - 1`` as they arrive; None when the fill
+        is over and its files are closed (the copy, if kept, is a local row now). Call
+        only once ``head()`` returned and ``is_serving``."""
         assert self._files is not None and self._coverage is not None
+        if self._files.is_closed:
+            return None
         self._leases += 1
         return FillReader(self, start, start + length)
 
@@ -206,16 +209,20 @@ class Fill:
             self._close_if_unused()
 
     async def _first_answer(self) -> UpstreamObject:
-        """The first chunk's GET: its answer carries the ETag and the object's size."""
+        """The first chunk's GET: its answer carries the ETag and the object's size. Its
+        bytes are charged to the bandwidth budget once their number is known (an object
+        smaller than a chunk is charged its size), before its body is read."""
         m = self._m
-        await self._pace(m.config.part_bytes)
         try:
             async with m.requests:
-                return await m.upstream.get_object(
+                answer = await m.upstream.get_object(
                     self.bucket, self.key, range_header=f"bytes=0-{m.config.part_bytes - 1}"
                 )
         except InvalidRange:  # S3 refuses any range of an empty object
-            return await m.upstream.get_object(self.bucket, self.key)
+            answer = await m.upstream.get_object(self.bucket, self.key)
+        rng = parse_content_range(answer.content_range)
+        await self._pace(rng.length if rng is not None else answer.meta.size_bytes)
+        return answer
 
     async def _part_one_bytes(self) -> int | None:
         """``HEAD ?partNumber=1``: part 1's size (the whole object's when single-part);

@@ -118,6 +118,10 @@ class FillFiles:
         """Unlink the files (open descriptors keep their bytes for readers still on them)."""
         self._blobs.discard_scratch(self.blob_ids)
 
+    @property
+    def is_closed(self) -> bool:
+        return self._is_closed
+
     def close(self) -> None:
         if self._is_closed:
             return

@@ -196,7 +196,10 @@ class ObjectService:
         for _ in range(3):
             local = await self._journal.get(bucket, key)
             if local is None:
-                return await self._upstream_get(bucket, key, read)
+                body = await self._upstream_get(bucket, key, read)
+                if body is None:
+                    continue  # the fill ended as we joined it: its copy is local now
+                return body
             head = select(local, read)
             if head.is_not_modified:
                 return ObjectBody(head, NoBody())
@@ -207,7 +210,7 @@ class ObjectService:
             if self._space is not None:
                 self._space.touch(bucket, key)
             return ObjectBody(head, source)
-        raise NoSuchKey(Key=key)  # pragma: no cover - three overwrites in a row while opening
+        raise NoSuchKey(Key=key)  # pragma: no cover - three races in a row
 
     async def _local_source(self, local: LocalObject, head: ObjectHead) -> LocalSource:
         """The files holding the selected bytes, opened now, released once verified: each
@@ -230,12 +233,13 @@ class ObjectService:
             verification = self.verifier.start(files, self._corrupt_hook(local))
         return LocalSource(fds, pieces, verification)
 
-    async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
+    async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody | None:
         """Read-through. A whole GET, or a range of an object someone else reads too,
         shares the key's fill (started if none runs: fills.py) and reads the bytes as they
         arrive; preconditions and the range are evaluated against the fill's metadata. A
         lone range read, a part read, or an object the cache has no room for is one GET of
-        just those bytes, evaluated by the upstream."""
+        just those bytes, evaluated by the upstream. None: the fill joined had just ended
+        (its copy, if kept, is a local row now): look again."""
         is_whole = read.range is None and read.part_number is None
         if read.part_number is not None or not self.fills.is_enabled:
             return await self._upstream_fetch(bucket, key, read)
@@ -251,7 +255,8 @@ class ObjectService:
         if head.is_not_modified:
             return ObjectBody(head, NoBody())
         span = head.byte_range or ByteRange(0, meta.size_bytes - 1, meta.size_bytes)
-        return ObjectBody(head, fill.reader(span.start, span.length))
+        reader = fill.reader(span.start, span.length)
+        return None if reader is None else ObjectBody(head, reader)
 
     async def _upstream_fetch(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
         try:

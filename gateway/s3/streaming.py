@@ -79,7 +79,7 @@ class _ZeroCopy:
     @classmethod
     def open(cls, request: web.Request) -> _ZeroCopy | None:
         """A sender for ``request``'s connection, or None where sendfile cannot work
-        (TLS: the kernel would send ciphertext-less bytes; no socket at all)."""
+        (TLS: the bytes are encrypted in this process; no socket at all)."""
         transport = request.transport
         if transport is None or transport.get_extra_info("ssl_object") is not None:
             return None
