@@ -1,9 +1,10 @@
 """Command line: ``gateway serve`` and ``gateway verify`` here; ``gateway status`` and
-``gateway drain`` in cli.py.
+``gateway drain`` in cli.py; ``gateway prefetch`` and ``gateway latest`` in cli_restore.py.
 
-Exit codes: 0 success; 1 admin API unreachable (status, drain) or damage found (verify);
-2 configuration error or start-up failure (serve: one line on stderr naming the cause);
-3 drain not finished by its timeout.
+Exit codes: 0 success; 1 admin API unreachable (status, drain, prefetch, latest) or damage
+found (verify); 2 configuration error or start-up failure (serve: one line on stderr naming
+the cause); 3 drain or prefetch --wait not finished by its timeout; 4 prefetch refused or
+incomplete, latest found no checkpoint.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from gateway import cli, config, logs
+from gateway import cli, cli_restore, config, logs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the gateway")
     config.add_arguments(serve)
     cli.add_arguments(sub)
+    cli_restore.add_arguments(sub)
     verify = sub.add_parser("verify", help="re-hash local bodies against the journal (scrub)")
     verify.add_argument("--data-dir", required=True, help="the gateway's data directory")
     args = parser.parse_args(argv)
@@ -34,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "status":
         return cli.run_status(args)
+    if args.command in cli_restore.COMMANDS:
+        return cli_restore.run(args)
     return cli.run_drain(args)
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import ssl
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway.admin import reads as admin_reads
 from gateway.admin.api import AdminServices, build_admin_app
 from gateway.admin.auth import resolve_admin_token
 from gateway.cli import human_bytes
@@ -27,11 +29,14 @@ from gateway.clock import SystemClock
 from gateway.config import Settings
 from gateway.core.attributes import ObjectAttributesService
 from gateway.core.buckets import BucketService
+from gateway.core.checkpoints import CheckpointService
 from gateway.core.copy import CopyService
 from gateway.core.deletes import DeleteService
+from gateway.core.fill import FillConfig
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
+from gateway.core.prefetch import Prefetcher
 from gateway.errors import S3Error
 from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
@@ -105,6 +110,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
     """Build and start everything; each step registers its undoing on ``stack`` first, so
     a failure at any step leaves nothing behind. Failures become ``StartupError``."""
     clock = SystemClock()
+    _raise_open_files_limit()
     with starting("reading the TLS certificate and key"):
         tls = _tls_context(settings)
     static: dict[str, str] = {}
@@ -151,10 +157,20 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
         with contextlib.suppress(S3Error):
             await upstream.create_bucket(settings.demo_bucket, None)
 
-    s3 = _s3_services(settings, clock, journal, blobs, upstream, space, credentials, stack)
     flusher = _flusher(settings, clock, journal, blobs, upstream)
+    s3 = _s3_services(
+        settings, clock, journal, blobs, upstream, space, credentials, flusher, stack
+    )
+    prefetcher = Prefetcher(journal, upstream, s3.objects.fills, space, clock)
+    stack.push_async_callback(prefetcher.close)
+    checkpoints = CheckpointService(s3.listing, s3.objects, journal, markers=settings.commit_markers)
     admin = AdminServices(
-        journal=journal, flusher=flusher, clock=clock, capacity_bytes=capacity, token=admin_token
+        journal=journal,
+        flusher=flusher,
+        clock=clock,
+        capacity_bytes=capacity,
+        token=admin_token,
+        status_extras={"prefetch": prefetcher.status},
     )
     limits = HttpLimits(
         max_line_bytes=settings.max_line_size_bytes,
@@ -162,7 +178,9 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
         max_headers=settings.max_headers,
     )
     s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0)
-    admin_runner = web.AppRunner(build_admin_app(admin), handle_signals=False, access_log=None)
+    admin_app = build_admin_app(admin)
+    admin_reads.install(admin_app, prefetcher, checkpoints)
+    admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
     await _listen(s3_runner, settings.listen, tls, stack)
     await _listen(admin_runner, settings.admin_listen, None, stack)
 
@@ -249,6 +267,7 @@ def _s3_services(
     upstream: AiobotocoreUpstream,
     space: CacheSpace,
     credentials: Mapping[str, str],
+    flusher: Flusher,
     stack: contextlib.AsyncExitStack,
 ) -> S3Services:
     buckets = BucketService(journal, blobs, upstream, clock)
@@ -271,8 +290,17 @@ def _s3_services(
         clock,
         max_object_bytes=settings.max_object_bytes,
         space=space,
+        fill_config=FillConfig(
+            part_bytes=settings.read_part_size_bytes,
+            fill_concurrency=max(1, settings.read_concurrency // 2),
+            request_concurrency=settings.read_concurrency,
+            max_object_bytes=settings.max_object_bytes,
+        ),
+        # Reads of the upstream share the flusher's global bytes/s budget.
+        budget=None if flusher.bandwidth.unlimited else flusher.bandwidth,
     )
     stack.push_async_callback(object_service.fills.close)
+    stack.push_async_callback(object_service.verifier.close)
     return S3Services(
         objects=object_service,
         buckets=buckets,
@@ -403,6 +431,17 @@ def quiet_secret_loggers() -> None:
     for name in ("botocore", "aiobotocore", "urllib3", "s3transfer"):
         logger = logging.getLogger(name)
         logger.setLevel(max(logger.getEffectiveLevel(), logging.INFO))
+
+
+def _raise_open_files_limit() -> None:
+    """A GET holds every body file it reads open (a multipart object: one per part), and a
+    read-through copy of a multipart object writes one file per part: allow as many
+    descriptors as this process may have (the soft limit is often 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+    if soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def _tls_context(settings: Settings) -> ssl.SSLContext | None:

@@ -188,6 +188,12 @@ class Settings:
     cache_high_watermark: float = 0.9
     cache_low_watermark: float = 0.8
 
+    # -- reads of remote objects (issue 15) --------------------------------------------------
+    # A remote object is fetched once per node with parallel ranged GETs of this size ...
+    read_part_size_bytes: int = 8 * MiB
+    # ... at most this many at once over all objects (one object: up to half of them).
+    read_concurrency: int = 32
+
     @property
     def fsync(self) -> bool:
         return self.durability == "fsync"
@@ -245,6 +251,9 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     # -- cache capacity and eviction (issue 5)
     "cache_high_watermark": (float, "fraction of --capacity that starts eviction (0.9)"),
     "cache_low_watermark": (float, "fraction of --capacity eviction stops at (0.8)"),
+    # -- reads of remote objects (issue 15)
+    "read_part_size_bytes": (parse_size, "bytes of each ranged GET of a remote object (8MiB)"),
+    "read_concurrency": (int, "ranged GETs of remote objects in flight at once (32)"),
     # --- Hostile input, admin auth and client credentials (tests/faults) ---
     "max_header_size_bytes": (parse_size, "largest request header section (e.g. 16KiB)"),
     "max_line_size_bytes": (parse_size, "largest request line: method, path and query"),
@@ -341,6 +350,8 @@ def _validate(settings: Settings) -> None:
     _validate_limits(settings)
     if settings.multipart_threshold_bytes < 5 * MiB:
         raise ConfigError("multipart-threshold must be at least 5MiB (S3's smallest part)")
+    if settings.read_part_size_bytes < 64 * KiB or settings.read_concurrency < 1:
+        raise ConfigError("read-part-size must be at least 64KiB, read-concurrency at least 1")
 
 
 def _validate_limits(settings: Settings) -> None:

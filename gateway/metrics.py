@@ -145,3 +145,20 @@ CORRUPT_BLOBS = Counter(
     "Local bodies found not to match their recorded digest (GET, flush or verify)",
     registry=REGISTRY,
 )
+READ_VERIFIED_BYTES = Counter(
+    "gateway_read_verified_bytes",
+    "Bytes of local body files hashed to verify them for GET (once per file until it changes)",
+    registry=REGISTRY,
+)
+GET_BODY_BYTES = Counter(
+    "gateway_get_body_bytes",
+    "GET body bytes sent, by how: sendfile (zero-copy), copy (read and write: TLS), stream "
+    "(bytes from the upstream)",
+    ["how"],
+    registry=REGISTRY,
+)
+READTHROUGH_BYTES = Counter(
+    "gateway_readthrough_bytes",
+    "Bytes fetched from the upstream by read-through fills (parallel ranged GETs)",
+    registry=REGISTRY,
+)

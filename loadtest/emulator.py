@@ -167,6 +167,7 @@ class Ctx:
     bytes_in: int = 0
     bytes_out: int = 0
     limited_s: float | None = None  # when the prefix limiter answered (clock time)
+    pacer: TokenBucket | None = None  # this request's own bandwidth (request_bandwidth)
 
 
 _LIST_PARAMS = {
@@ -300,6 +301,7 @@ class Emulator:
         port: int = 0,
         latency_ms: float = 35.0,
         bandwidth: float = 0.0,
+        request_bandwidth: float = 0.0,
         prefix_rate: float = 0.0,
         prefix_depth: int = 1,
         prefix_burst: float | None = None,
@@ -327,9 +329,11 @@ class Emulator:
         self._runner: web.AppRunner | None = None
         self._counts: Counter[tuple[str, int]] = Counter()
         self._bytes = Counter[str]()
+        self.request_bandwidth = 0.0
         self.configure(
             latency_ms=latency_ms,
             bandwidth=bandwidth,
+            request_bandwidth=request_bandwidth,
             prefix_rate=prefix_rate,
             prefix_depth=prefix_depth,
             prefix_burst=prefix_burst,
@@ -345,6 +349,7 @@ class Emulator:
         *,
         latency_ms: float | None = None,
         bandwidth: float | None = None,
+        request_bandwidth: float | None = None,
         prefix_rate: float | None = None,
         prefix_depth: int | None = None,
         prefix_burst: float | None = None,
@@ -353,7 +358,12 @@ class Emulator:
         split_after: float | None = None,
     ) -> None:
         """Change throttles (None keeps a setting; ``prefix_burst`` None: one second's
-        worth). The limiter restarts: full buckets, its clock (``t0``) at the next request."""
+        worth). The limiter restarts: full buckets, its clock (``t0``) at the next request.
+
+        ``request_bandwidth`` caps each request's own body bytes/s (S3 serves one
+        connection at ~100 MB/s whatever the bucket's total), on top of ``bandwidth``."""
+        if request_bandwidth is not None:
+            self.request_bandwidth = float(request_bandwidth)
         old = getattr(self, "_limiter", None)
         if latency_ms is not None:
             self.latency_ms = float(latency_ms)
@@ -382,6 +392,7 @@ class Emulator:
         return {
             "latency_ms": self.latency_ms,
             "bandwidth": self.bandwidth,
+            "request_bandwidth": self.request_bandwidth,
             "prefix_rate": self._limiter.rate,
             "prefix_depth": self._limiter.depth,
             "prefix_burst": self._limiter.burst,
@@ -474,6 +485,9 @@ class Emulator:
         query = {k: v for k, v in request.query.items()}
         op = classify(request.method, bucket, key, query, request.headers)
         ctx = Ctx(request, op, bucket, key, query)
+        if self.request_bandwidth > 0:
+            rate = self.request_bandwidth
+            ctx.pacer = TokenBucket(rate, max(CHUNK, rate / 20), self._clock)
         code = None
         try:
             if self.latency_ms > 0:
@@ -539,6 +553,7 @@ class Emulator:
             "duration_ms": round((now - started) * 1000, 3),
             "method": ctx.request.method,
             "op": ctx.op,
+            "range": ctx.request.headers.get("Range"),
             "bucket": ctx.bucket,
             "key": ctx.key,
             "prefix": prefix_of(ctx.key, self._limiter.depth) if ctx.key else None,
@@ -575,6 +590,7 @@ class Emulator:
             allowed = (
                 "latency_ms",
                 "bandwidth",
+                "request_bandwidth",
                 "prefix_rate",
                 "prefix_depth",
                 "prefix_burst",
@@ -591,11 +607,14 @@ class Emulator:
 
     # -- bodies -----------------------------------------------------------------------------
 
-    async def _pace(self, n: int) -> None:
+    async def _pace(self, n: int, ctx: Ctx | None = None) -> None:
+        delay = 0.0
+        if ctx is not None and ctx.pacer is not None and n > 0:
+            delay = ctx.pacer.reserve(n)
         if self._pacer is not None and n > 0:
-            delay = self._pacer.reserve(n)
-            if delay > 0:
-                await asyncio.sleep(delay)
+            delay = max(delay, self._pacer.reserve(n))
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     async def _body_chunks(self, ctx: Ctx, trailers: dict[str, str]) -> AsyncIterator[bytes]:
         h, stream = ctx.request.headers, ctx.request.content
@@ -604,7 +623,7 @@ class Emulator:
         ).startswith("STREAMING-")
         if not chunked:
             while data := await stream.read(CHUNK):
-                await self._pace(len(data))
+                await self._pace(len(data), ctx)
                 yield data
             return
         while True:  # <hex size>[;chunk-signature=...]\r\n<data>\r\n ... 0\r\n<trailers>\r\n
@@ -616,7 +635,7 @@ class Emulator:
             if size == 0:
                 break
             data = await stream.readexactly(size)
-            await self._pace(size)
+            await self._pace(size, ctx)
             yield data
             await stream.readexactly(2)
         while (line := await stream.readline()) not in (b"\r\n", b""):
@@ -757,7 +776,7 @@ class Emulator:
         pos = start
         while pos <= end:
             n = min(CHUNK, end + 1 - pos)
-            await self._pace(n)
+            await self._pace(n, ctx)
             await resp.write(body[pos : pos + n] if body is not None else zeros[:n])
             ctx.bytes_out += n
             pos += n
@@ -1234,6 +1253,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0, help="0 = a free port (printed)")
     p.add_argument("--latency-ms", type=float, default=35.0, help="added to every request")
     p.add_argument("--bandwidth", type=parse_size, default=0.0, help="bytes/s, 0 = unlimited")
+    p.add_argument(
+        "--request-bandwidth",
+        type=parse_size,
+        default=0.0,
+        help="bytes/s of each request's body (one connection), 0 = unlimited",
+    )
     p.add_argument("--prefix-rate", type=float, default=0.0, help="req/s per prefix, 0 = off")
     p.add_argument(
         "--prefix-depth", type=int, default=1, help="key segments of a partition (1: ckpt/)"
@@ -1270,6 +1295,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             latency_ms=args.latency_ms,
             bandwidth=args.bandwidth,
+            request_bandwidth=args.request_bandwidth,
             prefix_rate=args.prefix_rate,
             prefix_depth=args.prefix_depth,
             prefix_burst=args.prefix_burst,

@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -771,6 +772,43 @@ class GatewayProcess:
         quoted = urllib.parse.quote(key, safe="/")
         result: dict[str, Any] = self.admin_get(f"/admin/v1/objects/{bucket}/{quoted}")
         return result
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One sample of ``/metrics`` (``name`` or ``name_total``; ``labels`` as written
+        there, e.g. ``how="sendfile"``); 0 when the labelled sample does not exist yet."""
+        text = http_request("GET", f"{self.admin}/metrics", timeout=10).body.decode()
+        wanted = {f"{name}{{{labels}}}" if labels else name}
+        wanted |= {f"{name}_total{{{labels}}}" if labels else f"{name}_total"}
+        for line in text.splitlines():
+            sample, _, value = line.rpartition(" ")
+            if sample in wanted:
+                return float(value)
+        if labels:
+            return 0.0
+        raise AssertionError(f"metric {name} not found")
+
+    def blob_files(self, bucket: str, key: str) -> list[Path]:
+        """The body files of a key's local row (one, or one per part), read from the
+        journal read-only."""
+        conn = sqlite3.connect(f"file:{self.data_dir / 'journal.db'}?mode=ro", uri=True)
+        try:
+            row = conn.execute(
+                "SELECT blob_id, parts FROM objects WHERE bucket = ? AND key = ?", (bucket, key)
+            ).fetchone()
+        finally:
+            conn.close()
+        assert row is not None, f"{bucket}/{key} has no local row"
+        ids = [row[0]] if row[0] else [part[0] for part in json.loads(row[1])]
+        return [self.data_dir / "blobs" / blob_id[:2] / blob_id for blob_id in ids]
+
+
+def corrupt_file(path: Path) -> None:
+    """Flip one byte in the middle: same size, different content (bit rot)."""
+    with path.open("r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def start_moto() -> tuple[Any, str]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +28,8 @@ class AdminServices:
     capacity_bytes: int
     is_ready: bool = False
     token: str | None = None  # when set, every path but the probes needs it (admin/auth.py)
+    # More top-level fields of /admin/v1/status, computed at each call (e.g. "prefetch").
+    status_extras: dict[str, Callable[[], Any]] = field(default_factory=dict)
 
 
 ADMIN = web.AppKey("admin_services", AdminServices)
@@ -115,6 +118,7 @@ async def status(request: web.Request) -> web.Response:
             "throttled": flusher.throttles,
             "last_error": flusher.last_error,
             "lanes": lanes,
+            **{name: figure() for name, figure in svc.status_extras.items()},
         }
     )
 

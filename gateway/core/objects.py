@@ -14,18 +14,20 @@ through this gateway cannot slip in between).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 from gateway import metrics
 from gateway.clock import Clock
+from gateway.core.bodies import BodySource, ChunkSource, LocalSource, NoBody, open_files, slices
 from gateway.core.buckets import BucketService
-from gateway.core.cache import CacheFills, admitted, read_verified
+from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
+from gateway.core.fill import BandwidthBudget, FillConfig
+from gateway.core.fills import FillManager
 from gateway.core.ingest import ingest, validate_key
+from gateway.core.integrity import BlobVerifier, blob_checks
 from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range
 from gateway.errors import InvalidRange, NoSuchKey, NotModified
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
@@ -35,7 +37,6 @@ from gateway.store.space import CacheSpace
 from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
-_READ_PIECE_BYTES = 1 << 20
 _NO_CONDITIONS = Preconditions()
 
 
@@ -69,14 +70,11 @@ class ObjectHead:
 
 @dataclass(slots=True)
 class ObjectBody:
-    """A GET in progress: ``chunks()`` streams the selected bytes once and releases its
-    source (also when closed early)."""
+    """A GET in progress: ``source`` yields the selected bytes once (file spans or bytes,
+    see bodies.py); the caller MUST ``aclose`` it, also when it stops early."""
 
     head: ObjectHead
-    _chunks: AsyncIterator[bytes]
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        return self._chunks
+    source: BodySource
 
 
 class ObjectService:
@@ -94,6 +92,8 @@ class ObjectService:
         *,
         max_object_bytes: int,
         space: CacheSpace | None = None,
+        fill_config: FillConfig | None = None,
+        budget: BandwidthBudget | None = None,
     ) -> None:
         self._journal = journal
         self._blobs = blobs
@@ -102,7 +102,11 @@ class ObjectService:
         self._clock = clock
         self._max_object_bytes = max_object_bytes
         self._space = space
-        self.fills = CacheFills(journal, blobs, space, clock)
+        self.verifier = BlobVerifier()
+        config = fill_config or FillConfig(max_object_bytes=max_object_bytes)
+        self.fills = FillManager(
+            journal, blobs, upstream, space, clock, self.verifier, config, budget
+        )
 
     async def put_object(
         self, req: PutRequest, body: RequestBody, cond: Preconditions = _NO_CONDITIONS
@@ -192,48 +196,67 @@ class ObjectService:
         for _ in range(3):
             local = await self._journal.get(bucket, key)
             if local is None:
-                return await self._upstream_get(bucket, key, read)
+                body = await self._upstream_get(bucket, key, read)
+                if body is None:
+                    continue  # the fill ended as we joined it: its copy is local now
+                return body
             head = select(local, read)
             if head.is_not_modified:
-                return ObjectBody(head, _no_chunks())
-            span = head.byte_range or ByteRange(0, local.meta.size_bytes - 1, local.meta.size_bytes)
-            pieces = _pieces(local, span.start, span.length)
+                return ObjectBody(head, NoBody())
             try:
-                files = await asyncio.to_thread(self._open_all, [p[0] for p in pieces])
+                source = await self._local_source(local, head)
             except FileNotFoundError:
                 continue  # superseded between lookup and open: look again
             if self._space is not None:
                 self._space.touch(bucket, key)
-            expected = _expected_md5s(local)
-            if head.byte_range is None and expected is not None and len(files) == len(expected):
-                return ObjectBody(head, read_verified(files, expected, self._corrupt_hook(local)))
-            return ObjectBody(head, _read_files(files, pieces))
-        raise NoSuchKey(Key=key)  # pragma: no cover - three overwrites in a row while opening
+            return ObjectBody(head, source)
+        raise NoSuchKey(Key=key)  # pragma: no cover - three races in a row
 
-    async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
-        """Read-through: the upstream evaluates range, part and preconditions in one GET.
+    async def _local_source(self, local: LocalObject, head: ObjectHead) -> LocalSource:
+        """The files holding the selected bytes, opened now, released once verified: each
+        body file the read touches is hashed whole against its recorded digest unless it
+        is known good (integrity.py), while all but the last piece are already sent."""
+        size = local.meta.size_bytes
+        span = head.byte_range or ByteRange(0, size - 1, size)
+        sizes = [p.size_bytes for p in local.parts] or [size]
+        pieces = slices(sizes, span.start, span.length)
+        touched = sorted({p.index for p in pieces})
+        ids = local.blob_ids
+        fds = await open_files([self._blobs.path(ids[i]) for i in touched])
+        renumber = {index: n for n, index in enumerate(touched)}
+        pieces = [type(p)(renumber[p.index], p.offset, p.count) for p in pieces]
+        checks = blob_checks(local)
+        files = [(fds[n], checks[i]) for n, i in enumerate(touched)] if checks else []
+        verification = None
+        if not all(self.verifier.is_known_good(fd, check) for fd, check in files):
+            # Indexed like ``fds``; known good files among them are skipped inside.
+            verification = self.verifier.start(files, self._corrupt_hook(local))
+        return LocalSource(fds, pieces, verification)
 
-        A full GET may be copied into the cache: the key is watched from before the
-        upstream request, so a local write or delete that lands meanwhile (even one flushed
-        and evicted before the copy finishes) keeps the stale copy out."""
+    async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody | None:
+        """Read-through. A whole GET, or a range of an object someone else reads too,
+        shares the key's fill (started if none runs: fills.py) and reads the bytes as they
+        arrive; preconditions and the range are evaluated against the fill's metadata. A
+        lone range read, a part read, or an object the cache has no room for is one GET of
+        just those bytes, evaluated by the upstream. None: the fill joined had just ended
+        (its copy, if kept, is a local row now): look again."""
         is_whole = read.range is None and read.part_number is None
-        if not is_whole or not self.fills.is_enabled:
+        if read.part_number is not None or not self.fills.is_enabled:
             return await self._upstream_fetch(bucket, key, read)
-        self._journal.watch(bucket, key)
-        try:
-            body = await self._upstream_fetch(bucket, key, read)
-        except BaseException:
-            self._journal.unwatch(bucket, key)
-            raise
-        head = body.head
-        if (
-            head.byte_range is None
-            and not head.is_not_modified
-            and self.fills.wants(head.meta, self._max_object_bytes)
-        ):
-            return ObjectBody(body.head, self.fills.tee(body.head.meta, body.chunks()))
-        self._journal.unwatch(bucket, key)
-        return body
+        fill = self.fills.current(bucket, key)
+        if fill is None and (is_whole or self.fills.is_shared_range(bucket, key)):
+            fill = self.fills.start(bucket, key)
+        if fill is None:
+            return await self._upstream_fetch(bucket, key, read)
+        meta = await fill.head()
+        if not fill.is_serving:
+            return await self._upstream_fetch(bucket, key, read)
+        head = _apply(ObjectHead(meta, FlushState.DURABLE), read)
+        if head.is_not_modified:
+            return ObjectBody(head, NoBody())
+        span = head.byte_range or ByteRange(0, meta.size_bytes - 1, meta.size_bytes)
+        reader = fill.reader(span.start, span.length)
+        return None if reader is None else ObjectBody(head, reader)
 
     async def _upstream_fetch(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
         try:
@@ -247,9 +270,7 @@ class ObjectService:
         except NotModified:
             # A 304 carries the validators; the upstream's came without a body to parse.
             meta = await self._upstream.head_object(bucket, key)
-            return ObjectBody(
-                ObjectHead(meta, FlushState.DURABLE, is_not_modified=True), _no_chunks()
-            )
+            return ObjectBody(ObjectHead(meta, FlushState.DURABLE, is_not_modified=True), NoBody())
         except InvalidRange:
             meta = await self._upstream.head_object(bucket, key)
             assert read.range is not None
@@ -262,7 +283,7 @@ class ObjectService:
             parse_content_range(remote.content_range),
             remote.parts_count,
         )
-        return ObjectBody(head, remote.chunks())
+        return ObjectBody(head, ChunkSource(remote.chunks()))
 
     def _corrupt_hook(self, local: LocalObject) -> Callable[[str], Awaitable[None]]:
         async def on_corrupt(message: str) -> None:
@@ -278,18 +299,6 @@ class ObjectService:
         dropped = await asyncio.shield(self._journal.mark_corrupt(local, message))
         if dropped:
             await self._blobs.discard(dropped)
-
-    def _open_all(self, blob_ids: list[str]) -> list[BinaryIO]:
-        """Open every body file up front, so a later unlink cannot cut a read short."""
-        files: list[BinaryIO] = []
-        try:
-            for blob_id in blob_ids:
-                files.append(self._blobs.path(blob_id).open("rb"))
-        except BaseException:
-            for f in files:
-                f.close()
-            raise
-        return files
 
     async def state_of(self, bucket: str, key: str) -> LocalObject | None:
         return await self._journal.get(bucket, key)
@@ -340,58 +349,3 @@ def _condition_headers(cond: Preconditions) -> dict[str, str]:
         "If-Unmodified-Since": cond.if_unmodified_since,
     }
     return {name: value for name, value in pairs.items() if value is not None}
-
-
-def _expected_md5s(local: LocalObject) -> list[str] | None:
-    """The MD5 hex each body file must have, or None when it is not recorded."""
-    if local.parts:
-        md5s = [p.etag.strip('"') for p in local.parts]
-    elif local.blob_id is not None:
-        md5s = [local.meta.etag]
-    else:
-        return None
-    if any(len(m) != 32 or "-" in m for m in md5s):
-        return None
-    return md5s
-
-
-def _pieces(local: LocalObject, start: int, length: int) -> list[tuple[str, int, int]]:
-    """(blob id, offset in it, bytes to read) for each body file the span touches."""
-    files = (
-        [(p.blob_id, p.size_bytes) for p in local.parts]
-        if local.parts
-        else ([(local.blob_id, local.meta.size_bytes)] if local.blob_id else [])
-    )
-    out: list[tuple[str, int, int]] = []
-    file_start, end = 0, start + length
-    for blob_id, size in files:
-        file_end = file_start + size
-        if file_end > start and file_start < end:
-            offset = max(start, file_start) - file_start
-            out.append((blob_id, offset, min(end, file_end) - file_start - offset))
-        file_start = file_end
-    return out
-
-
-async def _no_chunks() -> AsyncIterator[bytes]:
-    return
-    yield  # pragma: no cover - makes this an async generator
-
-
-async def _read_files(
-    files: list[BinaryIO], pieces: list[tuple[str, int, int]]
-) -> AsyncIterator[bytes]:
-    try:
-        for fobj, (_, offset, count) in zip(files, pieces, strict=True):
-            if offset:
-                await asyncio.to_thread(fobj.seek, offset)
-            while count > 0:
-                piece = await asyncio.to_thread(fobj.read, min(count, _READ_PIECE_BYTES))
-                if not piece:
-                    raise OSError(f"body file ended {count} bytes early")
-                count -= len(piece)
-                yield piece
-    finally:
-        for fobj in files:
-            with contextlib.suppress(OSError):
-                fobj.close()

@@ -154,6 +154,11 @@ class Flusher:
     def is_paused(self) -> bool:
         return not self._resumed.is_set()
 
+    @property
+    def bandwidth(self) -> TokenBucket:
+        """The upstream's global bytes/s bucket; read-through fills draw from it too."""
+        return self._bandwidth
+
     def lane_status(self) -> list[LaneStatus]:
         return self.lanes.status(self._clock.monotonic())
 

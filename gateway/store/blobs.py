@@ -208,6 +208,37 @@ class BlobStore:
         for blob_id in blob_ids:
             self.path(blob_id).unlink(missing_ok=True)
 
+    # -- scratch files: bodies written at offsets (read-through copies) ---------------------
+
+    def open_scratch(self) -> tuple[str, int]:
+        """A new empty file under ``tmp/`` for a body written piecewise at offsets (a
+        read-through copy fetched in parallel ranges). Returns its future blob id and a
+        read-write descriptor the caller owns. Blocking (one open)."""
+        blob_id = secrets.token_hex(16)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        return blob_id, os.open(self._tmp / blob_id, flags, 0o600)
+
+    async def publish_scratch(self, files: Sequence[tuple[str, int]]) -> None:
+        """Make scratch files blobs with ``write``'s durability order: fsync each (when
+        ``fsync``), rename into ``blobs/``, fsync the fan-out directories. The caller may
+        commit a row referencing them only after this returns; descriptors stay valid."""
+        await asyncio.to_thread(self._publish_all, list(files))
+
+    def _publish_all(self, files: list[tuple[str, int]]) -> None:
+        for blob_id, fd in files:
+            if self.fsync:
+                os.fsync(fd)
+            os.rename(self._tmp / blob_id, self.path(blob_id))
+        if self.fsync:
+            for fan_out in sorted({blob_id[:2] for blob_id, _ in files}):
+                os.fsync(self._dir_fds[fan_out])
+
+    def discard_scratch(self, blob_ids: Iterable[str]) -> None:
+        """Remove scratch files that no row references, published or not. Blocking."""
+        for blob_id in blob_ids:
+            (self._tmp / blob_id).unlink(missing_ok=True)
+            self.path(blob_id).unlink(missing_ok=True)
+
     def sweep(self, referenced: set[str], before_ns: int | None = None) -> int:
         """Remove blob files that no journal row references (crash leftovers). Blocking.
 

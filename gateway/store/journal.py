@@ -375,19 +375,26 @@ class Journal:
             if entry[0] <= 0:
                 del self._watched[(bucket, key)]
 
-    async def commit_cached(self, meta: ObjectMeta, blob_id: str, now_s: float) -> bool:
+    async def commit_cached(
+        self,
+        meta: ObjectMeta,
+        blob_id: str | None,
+        now_s: float,
+        parts: tuple[PartRef, ...] = (),
+    ) -> bool:
         """Keep a read-through copy of an upstream object as a ``durable`` row, only if the
         key has no local row and was not written since ``watch`` (a local write or delete
         during the GET wins, even one already flushed and gone from the journal). The caller
-        MUST hold a ``watch`` on the key from before its upstream GET. The blob is a cache of
-        upstream bytes (losing it loses nothing). Returns False if not kept; the caller then
-        discards the blob."""
+        MUST hold a ``watch`` on the key from before its upstream GET. The body is one blob,
+        or ``parts`` (with ``blob_id`` None) for a multipart object, part by part. It is a
+        cache of upstream bytes (losing it loses nothing). Returns False if not kept; the
+        caller then discards the blobs."""
 
         def op(conn: sqlite3.Connection) -> bool:
             watch = self._watched.get((meta.bucket, meta.key))
             if watch is None or watch[1] or self.current(conn, meta.bucket, meta.key):
                 return False
-            self.upsert(conn, meta, blob_id, (), False, now_s)
+            self.upsert(conn, meta, blob_id, parts, False, now_s)
             # Already upstream: durable at once, and an older version exists upstream.
             conn.execute(
                 "UPDATE objects SET state = 'durable', flushed_before = 1, accessed_s = ? "

@@ -130,6 +130,7 @@ class CacheSpace:
         self._low_fraction = low_fraction
         self._snapshot = SpaceFigures(0, 0, 0)
         self._reserved_bytes = 0
+        self._filling_bytes = 0  # read-through copies being written (reserve_fill)
         self._committed_since_bytes = 0  # committed after the snapshot was taken
         self._refresh_lock = asyncio.Lock()
         self._evict_lock = asyncio.Lock()
@@ -183,12 +184,42 @@ class CacheSpace:
 
     def fits_cache(self, size_bytes: int) -> bool:
         """Whether a read-through copy of ``size_bytes`` may be kept without passing the
-        high watermark once durable rows are evicted (pinned bytes stay under it)."""
-        pinned = self._snapshot.pinned_bytes + self._committed_since_bytes + self._reserved_bytes
-        return pinned + size_bytes <= self.high_bytes
+        high watermark once durable rows are evicted (pinned bytes and copies still being
+        written stay under it)."""
+        return self.pinned_estimate_bytes + self._filling_bytes + size_bytes <= self.high_bytes
+
+    @property
+    def pinned_estimate_bytes(self) -> int:
+        """Bytes eviction cannot free (unflushed, open uploads, writes in progress); an
+        over-estimate until the next snapshot (recent commits count as pinned)."""
+        return self._snapshot.pinned_bytes + self._committed_since_bytes + self._reserved_bytes
+
+    def reserve_fill(self, size_bytes: int) -> bool:
+        """Reserve room for a read-through copy about to be written; False (nothing
+        reserved) when it would not fit under the high watermark. Release it with
+        ``release_fill`` whatever happens."""
+        if not self.fits_cache(size_bytes):
+            return False
+        self._filling_bytes += size_bytes
+        return True
+
+    def release_fill(self, size_bytes: int, *, is_kept: bool) -> None:
+        """The copy reserved with ``reserve_fill`` was committed (``is_kept``) or dropped."""
+        self._filling_bytes -= size_bytes
+        if is_kept:
+            self.note_cached(size_bytes)
+
+    @property
+    def filling_bytes(self) -> int:
+        return self._filling_bytes
 
     def estimated_used_bytes(self) -> int:
-        return self._snapshot.used_bytes + self._committed_since_bytes + self._reserved_bytes
+        return (
+            self._snapshot.used_bytes
+            + self._committed_since_bytes
+            + self._reserved_bytes
+            + self._filling_bytes
+        )
 
     async def refresh(self) -> SpaceFigures:
         """Take a fresh snapshot. Commits that finished before it started are in it."""
@@ -287,9 +318,11 @@ class CacheSpace:
             return 0
         async with self._evict_lock:
             figures = await self.refresh()
-            if figures.used_bytes <= self.high_bytes:
+            # Read-through copies being written take their room now, not once committed.
+            used = figures.used_bytes + self._filling_bytes
+            if used <= self.high_bytes:
                 return 0
-            return await self._evict_down_to(figures.used_bytes, self.low_bytes)
+            return await self._evict_down_to(used, self.low_bytes)
 
     async def evict_for_disk(self) -> int:
         """The filesystem said ENOSPC: the disk is smaller than the capacity says (or other

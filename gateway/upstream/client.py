@@ -76,8 +76,16 @@ class UpstreamObject:
     parts_count: int | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        """The body in pieces; a connection that fails mid-body raises an ``S3Error``
+        (ServiceUnavailable), like the request itself would have."""
         try:
-            while piece := await self._body.read(_STREAM_PIECE_BYTES):
+            while True:
+                try:
+                    piece = await self._body.read(_STREAM_PIECE_BYTES)
+                except Exception as exc:  # the transport's errors, classified in one place
+                    raise for_client(exc) from exc
+                if not piece:
+                    return
                 yield piece
         finally:
             self.close()

@@ -292,3 +292,39 @@ def test_service_monitor_toggle() -> None:
     }
     message = render_error(serviceMonitor={"enabled": True}, service={"enabled": False})
     assert "serviceMonitor.enabled needs service.enabled" in message
+
+
+def notes(**over: Any) -> str:
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render(values=_merge(CI_VALUES, over), name="gw", namespace="ml")
+    return str(files["s3-gateway/templates/NOTES.txt"])
+
+
+def prefetch_init_container(**over: Any) -> dict[str, Any]:
+    """The init container NOTES.txt prints for training pods, parsed."""
+    text = notes(**over)
+    snippet = text[text.index("  initContainers:") :]
+    (container,) = yaml.safe_load(snippet)["initContainers"]
+    return dict(container)
+
+
+def test_restore_init_container_is_printed_for_training_pods() -> None:
+    assert "initContainers" not in notes()  # only once restore.bucket is set
+    c = prefetch_init_container(restore={"bucket": "train", "prefix": "ckpt/", "durableOnly": True})
+    assert c["image"] == gateway_container(render())["image"]
+    script = c["args"][0]
+    assert "gateway latest" in script and "gateway prefetch" in script and "--wait" in script
+    env = env_of(c)
+    assert env["GATEWAY_ADMIN"] == "http://gw-s3-gateway.ml.svc:9001"  # the node-local Service
+    assert env["GATEWAY_ADMIN_TOKEN"] == {
+        "secretKeyRef": {"name": "gw-s3-gateway-admin", "key": "token"}
+    }
+    assert env["RESTORE_BUCKET"] == "train" and env["RESTORE_PREFIX"] == "ckpt/"
+    assert env["RESTORE_FLAGS"] == "--durable" and env["RESTORE_TIMEOUT"] == "1800"
+    relaxed = env_of(prefetch_init_container(restore={"bucket": "train", "durableOnly": False}))
+    assert relaxed["RESTORE_FLAGS"] == ""
+
+
+def test_read_options_reach_the_gateway() -> None:
+    env = env_of(gateway_container(render(gateway={"readPartSize": "16MiB"})))
+    assert env["GATEWAY_READ_PART_SIZE"] == "16MiB" and env["GATEWAY_READ_CONCURRENCY"] == "32"

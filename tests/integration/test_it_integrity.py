@@ -95,7 +95,7 @@ def test_corrupt_pending_blob_is_never_served_or_flushed(
         assert "local corruption" in state["last_error"]
         assert _metric(gw, "gateway_corrupt_blobs") == 1
         assert gw.status()["failed_objects"] == 1
-        # Ranged reads are not hashed, but the good object is untouched.
+        # The good object is untouched (each body file is verified on its own).
         assert read_body(s3.get_object(Bucket=bucket, Key="rot/good")) == good
     gw.drained(bucket=bucket, prefix="rot/good")
     assert gw.object_state(bucket, "rot/bad")["state"] == "failed"  # never flushed

@@ -8,9 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 from harness import (
-    error_status,
     flush_state,
     http_request,
     payload,
@@ -87,12 +85,12 @@ def test_readthrough_full_get_populates_cache(
     assert gw.status()["pending_objects"] == 0  # a cached copy is never flushed back
 
 
-def test_readthrough_multipart_object_is_served_not_cached(
+def test_readthrough_multipart_object_is_cached_part_by_part(
     gateway_factory: Any, origin: Any, bucket: str
 ) -> None:
     gw = gateway_factory()
     s3 = gw.client()
-    parts = [payload(5 * MiB, seed="p1"), payload(1 * MiB, seed="p2")]
+    parts = [payload(5 * MiB, seed="p1"), payload(5 * MiB, seed="p2"), payload(MiB, seed="p3")]
     upload = origin.create_multipart_upload(Bucket=bucket, Key="mp/obj")
     etags = [
         origin.upload_part(
@@ -108,12 +106,16 @@ def test_readthrough_multipart_object_is_served_not_cached(
     )
     got = s3.get_object(Bucket=bucket, Key="mp/obj")
     assert read_body(got) == b"".join(parts)
-    assert got["ETag"].endswith('-2"')
-    # No MD5 of the whole body to verify a copy against: it stays upstream only.
+    etag = got["ETag"]
+    assert etag.endswith('-3"')
+    # Each part's MD5 checked against the multipart ETag: kept, one body file per part.
+    _wait_cached(gw, bucket, "mp/obj")
+    assert len(gw.blob_files(bucket, "mp/obj")) == 3
     origin.delete_object(Bucket=bucket, Key="mp/obj")
-    with pytest.raises(ClientError) as exc:
-        s3.get_object(Bucket=bucket, Key="mp/obj")
-    assert error_status(exc.value) == 404
+    again = s3.get_object(Bucket=bucket, Key="mp/obj")
+    assert read_body(again) == b"".join(parts) and again["ETag"] == etag
+    ranged = s3.get_object(Bucket=bucket, Key="mp/obj", Range=f"bytes={5 * MiB - 3}-{5 * MiB + 2}")
+    assert read_body(ranged) == b"".join(parts)[5 * MiB - 3 : 5 * MiB + 3]
 
 
 def test_readthrough_local_write_during_get_wins(

@@ -27,6 +27,7 @@ from gateway.s3.dispatch import S3Services, handles
 from gateway.s3.metadata import content_type, stored_headers, user_metadata
 from gateway.s3.metrics import note_ingested
 from gateway.s3.middleware import render_error
+from gateway.s3.streaming import send_body
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ async def get_object(
         body = await svc.objects.get_object(op.bucket, op.key, read)
     except InvalidRange as exc:
         return _unsatisfiable(request, exc)
-    head, chunks = body.head, body.chunks()
+    head, source = body.head, body.source
     headers = object_headers(
         head, with_checksums=_wants_checksums(request), overrides=request.query
     )
@@ -228,19 +229,27 @@ async def get_object(
         response.content_length = _content_length(head)
     try:
         await response.prepare(request)
-        async for piece in chunks:
-            await response.write(piece)
+        await send_body(request, response, source)
+    except ConnectionError as exc:
+        log.info("GET %s: the client went away mid-body: %s", request.path, exc)
+        _cut(request)
+        return response
     except Exception:
         # The status line and Content-Length are gone: the only honest signal left is a
         # body cut short. Close the connection so the client sees it at once (a failed
         # digest check of a local body, an upstream dying mid-stream) instead of waiting.
-        if response.prepared and request.transport is not None:
-            request.transport.close()
+        if response.prepared:
+            _cut(request)
         raise
     finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
+        await source.aclose()
     await response.write_eof()
     return response
+
+
+def _cut(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.close()
 
 
 @handles(ops.HeadObject)

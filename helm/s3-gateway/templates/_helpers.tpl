@@ -85,3 +85,44 @@ kill the gateway in the middle of its drain.
 {{- fail (printf "gateway.durability must be fsync or none, got %q" .Values.gateway.durability) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The init container NOTES.txt prints for training pods (values.yaml, restore): picks the
+newest complete checkpoint under restore.prefix and prefetches it into this node's cache.
+Exit status: 0 when done, refused (too big: the trainer reads on demand) or nothing to
+restore; 1 when the gateway cannot be reached (the kubelet retries).
+*/}}
+{{- define "s3-gateway.prefetchInitContainer" -}}
+- name: prefetch-checkpoint
+  image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+  command: ["/bin/sh", "-c"]
+  args:
+    - |
+      latest=$(gateway latest --bucket "$RESTORE_BUCKET" --prefix "$RESTORE_PREFIX" $RESTORE_FLAGS)
+      rc=$?
+      if [ "$rc" -eq 4 ]; then echo "no checkpoint under s3://$RESTORE_BUCKET/$RESTORE_PREFIX"; exit 0; fi
+      if [ "$rc" -ne 0 ]; then exit "$rc"; fi
+      echo "prefetching s3://$RESTORE_BUCKET/$latest"
+      gateway prefetch --bucket "$RESTORE_BUCKET" --prefix "$latest" --wait --timeout "$RESTORE_TIMEOUT" --progress plain
+      rc=$?
+      if [ "$rc" -eq 1 ]; then exit 1; fi
+      exit 0
+  env:
+    - name: GATEWAY_ADMIN
+      value: "http://{{ include "s3-gateway.fullname" . }}.{{ .Release.Namespace }}.svc:{{ .Values.admin.port }}"
+    {{- if include "s3-gateway.hasAdminToken" . }}
+    - name: GATEWAY_ADMIN_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ include "s3-gateway.adminSecretName" . }}
+          key: {{ .Values.admin.token.key }}
+    {{- end }}
+    - name: RESTORE_BUCKET
+      value: {{ .Values.restore.bucket | quote }}
+    - name: RESTORE_PREFIX
+      value: {{ .Values.restore.prefix | quote }}
+    - name: RESTORE_FLAGS
+      value: {{ ternary "--durable" "" .Values.restore.durableOnly | quote }}
+    - name: RESTORE_TIMEOUT
+      value: {{ .Values.restore.timeoutSeconds | quote }}
+{{- end -}}

@@ -273,3 +273,26 @@ async def test_journal_full_is_slowdown_and_recovers(env: Env) -> None:
     await env.journal.commit_put(big_meta, "blob-big", 3.0)
     row = await env.journal.get("b", "big")
     assert row is not None and row.meta.user_metadata["pad"] == "x" * 100_000
+
+
+async def test_space_fill_reservations_count_against_the_high_watermark(env: Env) -> None:
+    await env.put("pending", b"p" * 300)  # unflushed: pinned
+    await env.space.refresh()
+    assert env.space.reserve_fill(500)  # 300 + 500 <= 900 (high watermark)
+    assert not env.space.reserve_fill(200)  # 300 + 500 + 200 > 900
+    assert env.space.filling_bytes == 500
+    assert env.space.estimated_used_bytes() == 800
+    env.space.release_fill(500, is_kept=False)
+    assert env.space.filling_bytes == 0 and env.space.reserve_fill(600)
+    env.space.release_fill(600, is_kept=True)  # committed: counted until the next snapshot
+    assert env.space.filling_bytes == 0 and env.space.estimated_used_bytes() == 900
+
+
+async def test_space_evicts_durable_rows_for_copies_being_written(env: Env) -> None:
+    await env.put("old", b"o" * 400, durable=True)
+    await env.put("pending", b"p" * 300)
+    await env.space.refresh()
+    assert env.space.reserve_fill(250)  # pinned 300 + 250 fits; used would be 950
+    assert await env.space.evict_if_needed() == 400  # the durable row goes, never "pending"
+    assert await env.journal.get("b", "old") is None
+    assert await env.journal.get("b", "pending") is not None
