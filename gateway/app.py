@@ -158,12 +158,12 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
             await upstream.create_bucket(settings.demo_bucket, None)
 
     flusher = _flusher(settings, clock, journal, blobs, upstream)
-    s3 = _s3_services(
-        settings, clock, journal, blobs, upstream, space, credentials, flusher, stack
-    )
+    s3 = _s3_services(settings, clock, journal, blobs, upstream, space, credentials, flusher, stack)
     prefetcher = Prefetcher(journal, upstream, s3.objects.fills, space, clock)
     stack.push_async_callback(prefetcher.close)
-    checkpoints = CheckpointService(s3.listing, s3.objects, journal, markers=settings.commit_markers)
+    checkpoints = CheckpointService(
+        s3.listing, s3.objects, journal, markers=settings.commit_markers
+    )
     admin = AdminServices(
         journal=journal,
         flusher=flusher,
