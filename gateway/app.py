@@ -198,6 +198,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         bandwidth_burst_bytes=settings.flush_bandwidth_burst_bytes,
         multipart_threshold_bytes=settings.multipart_threshold_bytes,
     )
+    await flusher.attach()  # the pending rows, in memory, before any write can arrive
     flusher_task = asyncio.create_task(flusher.run(), name="flusher")
     evictor_task = asyncio.create_task(space.run(), name="evictor")
     admin = AdminServices(

@@ -7,6 +7,7 @@ from gateway.clock import Clock
 from gateway.errors import BucketNotEmpty, InvalidBucketName, SlowDown
 from gateway.models import BucketInfo
 from gateway.store.blobs import BlobStore
+from gateway.store.buckets import BucketRecords
 from gateway.store.journal import Journal
 from gateway.upstream.client import Upstream
 
@@ -22,6 +23,7 @@ class BucketService:
         self, journal: Journal, blobs: BlobStore, upstream: Upstream, clock: Clock
     ) -> None:
         self._journal = journal
+        self._records = BucketRecords(journal)
         self._blobs = blobs
         self._upstream = upstream
         self._clock = clock
@@ -31,9 +33,9 @@ class BucketService:
         validate_bucket_name(bucket)
         if bucket in self._known:
             return
-        if not await self._journal.known_bucket(bucket):
+        if not await self._records.known_bucket(bucket):
             await self._upstream.head_bucket(bucket)
-            await self._journal.remember_bucket(BucketInfo(bucket, self._clock.wall()))
+            await self._records.remember_bucket(BucketInfo(bucket, self._clock.wall()))
         self._known.add(bucket)
 
     async def head_bucket(self, bucket: str) -> None:
@@ -46,7 +48,7 @@ class BucketService:
     async def create_bucket(self, bucket: str, location: str | None) -> None:
         validate_bucket_name(bucket)
         await self._upstream.create_bucket(bucket, location)
-        await self._journal.remember_bucket(BucketInfo(bucket, self._clock.wall()))
+        await self._records.remember_bucket(BucketInfo(bucket, self._clock.wall()))
         self._known.add(bucket)
 
     async def delete_bucket(self, bucket: str) -> None:
@@ -61,7 +63,7 @@ class BucketService:
             raise SlowDown("Deletes in this bucket are still being flushed; retry shortly.")
         await self._upstream.delete_bucket(bucket)
         self._known.discard(bucket)
-        await self._blobs.discard(await self._journal.forget_bucket(bucket))
+        await self._blobs.discard(await self._records.forget_bucket(bucket))
 
 
 def validate_bucket_name(bucket: str) -> None:

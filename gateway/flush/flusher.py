@@ -10,6 +10,12 @@ Worker contract (after Garage's workers and rclone's write-back queue):
 - ``stop(deadline)`` stops claiming, lets uploads finish until the deadline, then cancels
   them; what is left is pending on disk and resumes at the next start.
 
+Claims: pending rows are ordered in memory per lane (``FlushOrder``, loaded from the
+journal at start and kept by its changes), so a claim costs what it hands out: a full or
+paused lane is parked, not skipped row by row. The loop sleeps until something can happen:
+a new row in a lane with room, an upload finishing, or the next timer (a backoff, a hold,
+the write-back delay); a throttled or idle gateway does not spin.
+
 Flow control: claims go through ``FlushPolicy`` (write-back delay, temp holds, lane room,
 commit ordering); every request then passes ``_slot``: first its lane's tokens, then one of
 the ``concurrency`` global slots and the global tokens, in that order, so a request held
@@ -31,6 +37,7 @@ from gateway import metrics
 from gateway.clock import Clock
 from gateway.flush.backoff import Backoff
 from gateway.flush.lanes import Lane, LaneConfig, Lanes, LaneStatus
+from gateway.flush.order import FlushOrder
 from gateway.flush.orphans import UpstreamUploads
 from gateway.flush.parts import split_parts
 from gateway.flush.policy import FlushPolicy, PolicyConfig
@@ -38,12 +45,12 @@ from gateway.flush.ratelimit import TokenBucket
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
+from gateway.store.queue import FlushQueue
 from gateway.store.verify import md5_of_file
 from gateway.upstream.classify import Corrupt, Fatal, FlushError, Retryable, Throttled
 from gateway.upstream.client import PartSource, RequestRunner, Upstream
 
 log = logging.getLogger(__name__)
-_IDLE_POLL_S = 1.0  # re-check for rows whose backoff has expired
 _REQUEST_TRIES = 8  # tries of one part (or completion) before the whole upload is retried
 _SWEEP_INTERVAL_S = 60.0  # how often recorded, no longer open upstream uploads are aborted
 # Upload tasks at most, per global slot: tasks waiting for their lane's tokens take no slot,
@@ -88,6 +95,7 @@ class Flusher:
         multipart_threshold_bytes: int = 64 << 20,
     ) -> None:
         self._journal = journal
+        self._queue = FlushQueue(journal)
         self._blobs = blobs
         self._upstream = upstream
         self._clock = clock
@@ -95,6 +103,8 @@ class Flusher:
         self._backoff = backoff or Backoff()
         self.lanes = Lanes(lanes or LaneConfig())
         self.policy = FlushPolicy(policy or PolicyConfig(write_back_delay_s=0.0), self.lanes)
+        self.order = FlushOrder(self.policy, journal.figures)
+        self._is_attached = False
         now_s = clock.monotonic()
         self._requests = TokenBucket(rate_per_s, rate_burst, now_s)
         self._bandwidth = TokenBucket(
@@ -116,6 +126,8 @@ class Flusher:
         self._retries = 0
         self._throttles = 0
         self._last_error: str | None = None
+        self.claim_rounds = 0  # times the loop looked for work (wake-ups): see tests
+        self.empty_rounds = 0  # ... and found none
 
     # -- control -------------------------------------------------------------------------
 
@@ -132,6 +144,25 @@ class Flusher:
     def lane_status(self) -> list[LaneStatus]:
         return self.lanes.status(self._clock.monotonic())
 
+    def lane_backlog(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Unflushed objects and bytes per (bucket, lane prefix) (from memory)."""
+        return self.order.backlog()
+
+    async def retry_failed(self) -> int:
+        """Operator request: every failed row becomes pending again. Returns how many."""
+        return await self._queue.retry_failed()
+
+    def wake(self) -> None:
+        """Look for work now (e.g. after a test moved its clock)."""
+        self.order.wakeup.set()
+
+    async def attach(self) -> None:
+        """Load the pending rows from the journal; ``run`` does it if it was not done.
+        Call it before the gateway serves, so the load does not hold up the first writes."""
+        if not self._is_attached:
+            self._is_attached = True
+            await self._journal.subscribe(self.order)
+
     def status(self) -> FlusherStatus:
         state = "stopped" if self._stopping else ("paused" if self.is_paused else "running")
         return FlusherStatus(
@@ -147,7 +178,7 @@ class Flusher:
     async def stop(self, deadline_s: float) -> None:
         """Stop claiming; wait for uploads until ``deadline_s`` seconds pass, then cancel."""
         self._stopping = True
-        self._journal.pending_event.set()
+        self.order.wakeup.set()
         self._resumed.set()
         self._room.set()
         if self._tasks:
@@ -161,31 +192,46 @@ class Flusher:
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        await self._abort_abandoned_uploads()
-        while not self._stopping:
-            await self._resumed.wait()
-            if self._stopping:
-                break
-            room = self._claim_room()
-            if room <= 0:
-                self._room.clear()
-                await self._room.wait()
-                continue
-            self._journal.pending_event.clear()
-            claimed = await self._journal.claim(
-                room,
-                self._clock.wall(),
-                self.policy.round(self._clock.monotonic()),
-            )
-            if self._stopping or self.is_paused:
-                await self._journal.release(claimed.objects)
-                continue
-            for obj in claimed.objects:
-                self._spawn(obj)
-            if self._clock.monotonic() - self._last_sweep_s > _SWEEP_INTERVAL_S:
-                await self._abort_abandoned_uploads()
-            if not claimed.objects:
-                await self._idle(claimed.wake_s)
+        await self.attach()
+        try:
+            await self._abort_abandoned_uploads()
+            while not self._stopping:
+                await self._resumed.wait()
+                if self._stopping:
+                    break
+                room = self._claim_room()
+                if room <= 0:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                self.order.wakeup.clear()  # before looking: what comes after wakes us
+                self.claim_rounds += 1
+                seqs = self.order.take(room, self._clock.wall(), self._clock.monotonic())
+                if seqs:
+                    await self._claim(seqs)
+                if self._clock.monotonic() - self._last_sweep_s > _SWEEP_INTERVAL_S:
+                    await self._abort_abandoned_uploads()
+                if not seqs:
+                    self.empty_rounds += 1
+                    await self._idle()
+        finally:
+            self._journal.unsubscribe(self.order)
+
+    async def _claim(self, seqs: list[int]) -> None:
+        """Claim ``seqs`` in the journal and start their uploads."""
+        try:
+            claimed = await self._queue.claim(seqs)
+        except BaseException:
+            self.order.restore(seqs)  # nothing moved in the journal: they stay queued
+            raise
+        finally:
+            self.order.claimed(seqs)
+        if self._stopping or self.is_paused:
+            await self._queue.release(claimed)
+            return
+        for obj in claimed:
+            self._spawn(obj)
+        self.order.settle(self._clock.monotonic())
 
     def _claim_room(self) -> int:
         """How many rows to claim now: free global slots, counting a task waiting for its
@@ -194,17 +240,14 @@ class Flusher:
         bound = _TASKS_PER_SLOT * self._concurrency
         return min(self._concurrency - active, bound - len(self._tasks))
 
-    async def _idle(self, held_until_s: float | None) -> None:
-        """Sleep until new work, a finished upload, or the next held/backed-off row."""
-        wake = [self._clock.wall() + _IDLE_POLL_S]
-        if held_until_s is not None:
-            wake.append(held_until_s)
-        next_s = await self._journal.next_retry_s()
-        if next_s is not None:
-            wake.append(next_s)
-        wait_s = max(0.0, min(wake) - self._clock.wall())
+    async def _idle(self) -> None:
+        """Sleep until the order has something new (a row in a lane with room, an upload
+        finished) or its next timer fires (a backoff, a hold, a paused lane); nothing else
+        wakes the loop, so a throttled, paused or idle gateway costs no CPU."""
+        due_s = self.order.next_due_s()
+        wait_s = None if due_s is None else max(0.0, due_s - self._clock.wall())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._journal.pending_event.wait(), wait_s)
+            await asyncio.wait_for(self.order.wakeup.wait(), wait_s)
 
     async def _abort_abandoned_uploads(self) -> None:
         """Abort recorded upstream multipart uploads that no upload task has open: left by
@@ -241,7 +284,7 @@ class Flusher:
             await self._flush(obj, lane)
         finally:
             lane.in_flight -= 1
-            self._journal.pending_event.set()  # the lane has room again
+            self.order.on_room(obj.meta.bucket, obj.meta.key)  # the lane has room again
 
     async def _flush(self, obj: LocalObject, lane: Lane) -> None:
         try:
@@ -256,7 +299,7 @@ class Flusher:
             await self._on_failure(obj, lane, Retryable(f"unexpected {type(exc).__name__}: {exc}"))
             return
         self._uploads_ok += 1
-        if await self._journal.mark_durable(obj):
+        if await self._queue.mark_durable(obj):
             metrics.FLUSH_OBJECTS.inc()
             metrics.FLUSH_BYTES.inc(obj.meta.size_bytes)
         log.debug("flushed %s/%s seq=%d", obj.meta.bucket, obj.meta.key, obj.seq)
@@ -417,7 +460,7 @@ class Flusher:
             if isinstance(exc, Corrupt):
                 metrics.CORRUPT_BLOBS.inc()
             log.error("flush of %s/%s failed permanently: %s", obj.meta.bucket, obj.meta.key, exc)
-            await self._journal.mark_failed(obj, str(exc))
+            await self._queue.mark_failed(obj, str(exc))
             return
         self._note_transient(lane, exc)
         # A throttle is paced by the lane's (cut) rate: the row's own backoff does not grow
@@ -432,7 +475,7 @@ class Flusher:
             delay,
             exc,
         )
-        await self._journal.retry_later(obj, str(exc), self._clock.wall() + delay)
+        await self._queue.retry_later(obj, str(exc), self._clock.wall() + delay)
 
 
 async def _require_md5(body: BinaryIO, md5_hex: str) -> None:

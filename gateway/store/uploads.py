@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from gateway.errors import NoSuchUpload
 from gateway.models import LocalObject, ObjectMeta, PartRef
-from gateway.store.journal import Journal, RowCheck, prefix_bytes
+from gateway.store.journal import Journal, RowCheck
+from gateway.store.rows import PartsChange, prefix_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,7 @@ class UploadJournal:
         def op(conn: sqlite3.Connection) -> list[str]:
             _require(conn, upload_id)
             old = conn.execute(
-                "SELECT blob_id FROM parts WHERE upload_id = ? AND part_number = ?",
+                "SELECT blob_id, size_bytes FROM parts WHERE upload_id = ? AND part_number = ?",
                 (upload_id, part.part_number),
             ).fetchone()
             conn.execute(
@@ -103,6 +104,7 @@ class UploadJournal:
                     part.last_modified_s,
                 ),
             )
+            self._journal.record(PartsChange(part.size_bytes - (int(old[1]) if old else 0)))
             return [old[0]] if old else []
 
         return await self._journal.run_write(op)
@@ -136,6 +138,7 @@ class UploadJournal:
             _require(conn, upload_id)
             if check is not None:
                 check(self._journal.current(conn, meta.bucket, meta.key))
+            _drop_parts(self._journal, conn, upload_id)
             unused = [
                 r[0]
                 for r in conn.execute("SELECT blob_id FROM parts WHERE upload_id = ?", (upload_id,))
@@ -146,15 +149,14 @@ class UploadJournal:
             row, superseded = self._journal.upsert(conn, meta, None, parts, False, acked_s)
             return row, unused + superseded
 
-        row, discard = await self._journal.run_write(op)
-        self._journal.pending_event.set()
-        return row, discard
+        return await self._journal.run_write(op)
 
     async def abort(self, upload_id: str) -> list[str]:
         """Drop an upload and its parts; returns their blobs. NoSuchUpload if unknown."""
 
         def op(conn: sqlite3.Connection) -> list[str]:
             _require(conn, upload_id)
+            _drop_parts(self._journal, conn, upload_id)
             blobs = [
                 r[0]
                 for r in conn.execute("SELECT blob_id FROM parts WHERE upload_id = ?", (upload_id,))
@@ -180,6 +182,15 @@ class UploadJournal:
             return [_upload(r) for r in rows]
 
         return await self._journal.run_read(op)
+
+
+def _drop_parts(journal: Journal, conn: sqlite3.Connection, upload_id: str) -> None:
+    """Inside an op that deletes an upload's parts: their bytes leave the parts figure (a
+    completion's chosen parts come back as the object row's bytes)."""
+    (size,) = conn.execute(
+        "SELECT COALESCE(SUM(size_bytes), 0) FROM parts WHERE upload_id = ?", (upload_id,)
+    ).fetchone()
+    journal.record(PartsChange(-int(size)))
 
 
 def _require(conn: sqlite3.Connection, upload_id: str) -> None:
