@@ -211,8 +211,8 @@ class Flusher:
                     await self._claim(seqs)
                 if self._clock.monotonic() - self._last_sweep_s > _SWEEP_INTERVAL_S:
                     await self._abort_abandoned_uploads()
-                if not seqs:
-                    self.empty_rounds += 1
+                if len(seqs) < room:  # the order had no more: wait until it may have
+                    self.empty_rounds += not seqs
                     await self._idle()
         finally:
             self._journal.unsubscribe(self.order)

@@ -340,9 +340,10 @@ class FlushOrder:
         self._parked_now.clear()
 
     def on_room(self, bucket: str, key: str) -> None:
-        """An upload of ``key``'s lane finished: the lane may have room again."""
+        """An upload of ``key``'s lane finished: a lane parked for its slots has one again
+        (a lane waiting on time, e.g. a Retry-After pause, keeps waiting for its timer)."""
         lane = self._lanes.get((bucket, self._policy.lanes.prefix_of(key)))
-        if lane is not None and lane.parked is not None:
+        if lane is not None and lane.parked is _Parked.SLOTS:
             lane.parked = None
             self._activate(lane)
             self._forget_if_idle(lane)

@@ -387,6 +387,50 @@ async def test_flusher_waits_for_backoff_before_retrying(
     assert final is not None and final.seq == row.seq and final.state == FlushState.DURABLE
 
 
+# -- no busy loops (issue 13, item 4) ------------------------------------------------------
+
+
+async def test_flusher_sleeps_while_its_lane_is_full(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    """One upload held in flight fills the lane: writes into it wake nobody, and the loop
+    does not look again until the upload ends (counted rounds, no timing)."""
+    upstream.put_gate = asyncio.Event()
+    flusher = Flusher(
+        journal, blobs, upstream, SystemClock(), backoff=_backoff(), lanes=LaneConfig(concurrency=1)
+    )
+    async with _running(flusher):
+        await _write(journal, blobs, "lane/first", b"held")
+        await asyncio.wait_for(upstream.put_arrived.wait(), WAIT_S)
+        await _write(journal, blobs, "lane/second", b"x")  # the loop settles meanwhile
+        rounds = flusher.claim_rounds
+        for i in range(50):
+            await _write(journal, blobs, f"lane/more-{i}", b"x")
+            for _ in range(5):
+                await asyncio.sleep(0)  # every chance to spin
+        assert flusher.claim_rounds == rounds
+        upstream.put_gate.set()
+        await _drained(journal)
+    # After the gate: one round per upload that ended, each handing out the next row.
+    assert flusher.empty_rounds <= 3, flusher.empty_rounds
+
+
+async def test_flusher_sleeps_through_a_retry_after_pause(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    """The lane is paused by Retry-After while rows' backoffs have expired: the loop looks
+    a few times (0.25 s, then more rarely) instead of rescanning without pause. The old
+    loop made thousands of empty rounds per second here."""
+    upstream.fail_puts(Throttled("SlowDown", retry_after_s=0.6))
+    flusher = Flusher(journal, blobs, upstream, SystemClock(), backoff=_backoff())
+    async with _running(flusher):
+        for i in range(20):
+            await _write(journal, blobs, f"lane/{i}", b"x")
+        await _drained(journal, timeout_s=10.0)
+    assert len(upstream.ops("put")) == 21
+    assert flusher.empty_rounds <= 8, flusher.empty_rounds
+
+
 # -- permanent failures ---------------------------------------------------------------------
 
 
