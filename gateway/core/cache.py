@@ -7,16 +7,16 @@ integrity checks of local bodies while they are served.
   served. The client never waits for the cache: pieces go through a bounded queue, and a
   full queue (slow disk) abandons the copy instead of blocking. The copy is committed as a
   ``durable`` row only if every byte arrived and its MD5 equals the (non-multipart) ETag.
-- ``read_verified``: streams a whole local object while hashing each body file against
-  its recorded MD5, holding back the last piece until the check passed, so a client never
-  receives a complete corrupt body: on a mismatch the stream raises instead.
+- ``read_verified``: streams a whole local object while checking each body file against
+  its stored digest (CRC32C from ingest, MD5 for older rows: ``store/integrity.py``),
+  holding back the last piece until the check passed, so a client never receives a
+  complete corrupt body: on a mismatch the stream raises instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import BinaryIO, Protocol, TypeVar
@@ -26,6 +26,7 @@ from gateway.clock import Clock
 from gateway.errors import InternalError
 from gateway.models import ObjectMeta
 from gateway.store.blobs import BlobStore
+from gateway.store.integrity import BodyCheck, BodyDigest
 from gateway.store.journal import Journal
 from gateway.store.space import CacheSpace
 
@@ -113,7 +114,9 @@ class CacheFills:
         kept = False
         try:
             if is_whole:
-                kept = await self._journal.commit_cached(meta, blob.blob_id, self._clock.wall())
+                kept = await self._journal.commit_cached(
+                    meta, blob.blob_id, self._clock.wall(), crc32c=blob.crc32c
+                )
         except Exception as exc:  # e.g. disk full: the copy is optional
             log.debug("read-through copy of %s/%s not kept: %s", meta.bucket, meta.key, exc)
         finally:
@@ -168,9 +171,9 @@ OnCorrupt = Callable[[str], Awaitable[None]]
 
 
 async def read_verified(
-    files: list[BinaryIO], expected_md5s: list[str], on_corrupt: OnCorrupt
+    files: list[BinaryIO], digests: list[BodyDigest], on_corrupt: OnCorrupt
 ) -> AsyncIterator[bytes]:
-    """Stream each whole file in order, checking its MD5 against ``expected_md5s``.
+    """Stream each whole file in order, checking it against its digest in ``digests``.
 
     One piece is always held back, so the last bytes of the object leave only after every
     file matched; on a mismatch ``on_corrupt(message)`` runs and InternalError is raised
@@ -178,17 +181,15 @@ async def read_verified(
     """
     held: bytes | None = None
     try:
-        for index, (fobj, expected) in enumerate(zip(files, expected_md5s, strict=True)):
-            md5 = hashlib.md5()
-            while piece := await asyncio.to_thread(_read_hashing, fobj, md5):
+        for index, (fobj, digest) in enumerate(zip(files, digests, strict=True)):
+            check = BodyCheck(digest)
+            while piece := await asyncio.to_thread(_read_checking, fobj, check):
                 if held is not None:
                     yield held
                 held = piece
-            if md5.hexdigest() != expected:
-                message = (
-                    f"local corruption: body file {index + 1} of {len(files)} has MD5 "
-                    f"{md5.hexdigest()}, recorded {expected}"
-                )
+            problem = check.problem()
+            if problem is not None:
+                message = f"local corruption: body file {index + 1} of {len(files)}: {problem}"
                 await on_corrupt(message)
                 raise InternalError(message)
         if held is not None:
@@ -199,7 +200,7 @@ async def read_verified(
                 fobj.close()
 
 
-def _read_hashing(fobj: BinaryIO, md5: hashlib._Hash) -> bytes:
+def _read_checking(fobj: BinaryIO, check: BodyCheck) -> bytes:
     piece = fobj.read(_READ_PIECE_BYTES)
-    md5.update(piece)
+    check.update(piece)
     return piece

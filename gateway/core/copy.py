@@ -169,7 +169,9 @@ class CopyService:
                 blob_id = None
             else:  # single body (an empty object has a blob too; a missing one stays None)
                 parts, blob_id = (), (linked[0] if linked else None)
-            _, superseded = await self._journal.commit_copy(meta, blob_id, parts, now)
+            _, superseded = await self._journal.commit_copy(
+                meta, blob_id, parts, now, crc32c=source.crc32c
+            )
         except BaseException:
             await asyncio.shield(self._blobs.discard(linked))
             raise
@@ -194,7 +196,9 @@ class CopyService:
                 etag=blob.digests["md5"].hex(),
                 checksums={},
             )
-            _, superseded = await self._journal.commit_put(meta, blob.blob_id, now)
+            _, superseded = await self._journal.commit_put(
+                meta, blob.blob_id, now, crc32c=blob.crc32c
+            )
         except BaseException:
             await asyncio.shield(self._blobs.discard([blob.blob_id]))
             raise
@@ -251,6 +255,7 @@ class CopyService:
             blob.digests["md5"].hex(),
             {a: b64(blob.digests[a]) for a in extra},
             self._clock.wall(),
+            blob.crc32c,
         )
         try:
             replaced = await self._uploads.put_part(req.upload_id, part)

@@ -135,6 +135,7 @@ class MultipartService:
             blob.digests["md5"].hex(),
             checksums,
             self._clock.wall(),
+            blob.crc32c,
         )
         try:
             replaced = await self._uploads.put_part(upload_id, part)
@@ -189,7 +190,11 @@ class MultipartService:
         algorithm = upload.checksum_algorithm
         refs = tuple(
             PartRef(
-                p.blob_id, p.size_bytes, p.etag, p.checksums.get(algorithm) if algorithm else None
+                p.blob_id,
+                p.size_bytes,
+                p.etag,
+                p.checksums.get(algorithm) if algorithm else None,
+                p.crc32c,
             )
             for p in chosen
         )

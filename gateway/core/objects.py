@@ -30,6 +30,7 @@ from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_
 from gateway.errors import InvalidRange, NoSuchKey, NotModified
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
+from gateway.store.integrity import body_digests
 from gateway.store.journal import Journal, RowCheck
 from gateway.store.space import CacheSpace
 from gateway.upstream.client import Upstream
@@ -127,7 +128,7 @@ class ObjectService:
                 checksums=checksums,
             )
             _, superseded = await self._journal.commit_put(
-                meta, blob.blob_id, self._clock.wall(), check
+                meta, blob.blob_id, self._clock.wall(), check, crc32c=blob.crc32c
             )
         except BaseException:
             await asyncio.shield(self._blobs.discard([blob.blob_id]))
@@ -204,9 +205,13 @@ class ObjectService:
                 continue  # superseded between lookup and open: look again
             if self._space is not None:
                 self._space.touch(bucket, key)
-            expected = _expected_md5s(local)
-            if head.byte_range is None and expected is not None and len(files) == len(expected):
-                return ObjectBody(head, read_verified(files, expected, self._corrupt_hook(local)))
+            digests = body_digests(local)
+            if (
+                head.byte_range is None
+                and len(files) == len(digests)
+                and all(d.is_checkable for d in digests)
+            ):
+                return ObjectBody(head, read_verified(files, digests, self._corrupt_hook(local)))
             return ObjectBody(head, _read_files(files, pieces))
         raise NoSuchKey(Key=key)  # pragma: no cover - three overwrites in a row while opening
 
@@ -340,19 +345,6 @@ def _condition_headers(cond: Preconditions) -> dict[str, str]:
         "If-Unmodified-Since": cond.if_unmodified_since,
     }
     return {name: value for name, value in pairs.items() if value is not None}
-
-
-def _expected_md5s(local: LocalObject) -> list[str] | None:
-    """The MD5 hex each body file must have, or None when it is not recorded."""
-    if local.parts:
-        md5s = [p.etag.strip('"') for p in local.parts]
-    elif local.blob_id is not None:
-        md5s = [local.meta.etag]
-    else:
-        return None
-    if any(len(m) != 32 or "-" in m for m in md5s):
-        return None
-    return md5s
 
 
 def _pieces(local: LocalObject, start: int, length: int) -> list[tuple[str, int, int]]:

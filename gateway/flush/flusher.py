@@ -44,9 +44,9 @@ from gateway.flush.policy import FlushPolicy, PolicyConfig
 from gateway.flush.ratelimit import TokenBucket
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
+from gateway.store.integrity import BodyDigest, body_digests, check_fd
 from gateway.store.journal import Journal
 from gateway.store.queue import FlushQueue
-from gateway.store.verify import md5_of_file
 from gateway.upstream.classify import Corrupt, Fatal, FlushError, Retryable, Throttled
 from gateway.upstream.client import PartSource, RequestRunner, Upstream
 
@@ -372,9 +372,10 @@ class Flusher:
                 if await self._is_superseded(obj):
                     raise _Superseded() from exc
                 raise Fatal(f"local body missing: {exc}") from exc
+            digests = body_digests(obj)
             if obj.parts:
-                for part_file, part in zip(opened, obj.parts, strict=True):
-                    await _require_md5(part_file, part.etag)  # as for single bodies below
+                for part_file, digest in zip(opened, digests, strict=True):
+                    await _require_intact(part_file, digest)  # as for single bodies below
                 sources = [
                     PartSource(f, p.size_bytes, p.etag)
                     for f, p in zip(opened, obj.parts, strict=True)
@@ -384,13 +385,13 @@ class Flusher:
                 # Part MD5s are computed from the file here, so the upstream cannot catch a
                 # corrupt body: the same pass checks it against the acked MD5.
                 sources, expected = await split_parts(
-                    opened[0], obj.meta.size_bytes, require_md5=obj.meta.etag
+                    opened[0], obj.meta.size_bytes, require=digests[0]
                 )
             else:
                 # Content-MD5 lets S3 refuse a corrupt body, but not every S3-compatible
                 # upstream checks it (moto does not): a bad body MUST NOT become the
                 # bucket's latest version, so check before sending (usually page cache).
-                await _require_md5(opened[0], obj.meta.etag)
+                await _require_intact(opened[0], digests[0])
                 async with self._slot(lane, 1, obj.meta.size_bytes):
                     etag = await self._upstream.put_object(obj.meta, opened[0])
                 _check_etag(etag, obj.meta.etag)
@@ -478,10 +479,11 @@ class Flusher:
         await self._queue.retry_later(obj, str(exc), self._clock.wall() + delay)
 
 
-async def _require_md5(body: BinaryIO, md5_hex: str) -> None:
-    got = await asyncio.to_thread(md5_of_file, body)
-    if "-" not in md5_hex and got != md5_hex:
-        raise Corrupt(f"body MD5 {got} differs from the acked {md5_hex}")
+async def _require_intact(body: BinaryIO, digest: BodyDigest) -> None:
+    """The body file still holds what was acked (stored CRC32C, or MD5 for older rows)."""
+    problem = await asyncio.to_thread(check_fd, body.fileno(), digest)
+    if problem is not None:
+        raise Corrupt(f"body {problem}")
 
 
 def _check_etag(got: str, expected: str) -> None:

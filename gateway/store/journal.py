@@ -68,11 +68,15 @@ class Journal(JournalEngine):
     async def commit_put(
         self,
         meta: ObjectMeta,
-        blob_id: str,
+        blob_id: str | None,
         acked_s: float,
         check: RowCheck | None = None,
+        *,
+        crc32c: int | None = None,
+        body: bytes | None = None,
     ) -> tuple[LocalObject, list[str]]:
-        """Make ``meta`` (body in ``blob_id``) the newest version of its key, state pending.
+        """Make ``meta`` (body in ``blob_id``, or ``body`` itself, inline) the newest version
+        of its key, state pending. ``crc32c`` is the body's, from ingest.
 
         ``check``, if given, sees the key's current row (None if there is none) inside the
         same transaction and may raise to refuse the write (conditional writes): no other
@@ -83,7 +87,7 @@ class Journal(JournalEngine):
         def op(conn: sqlite3.Connection) -> tuple[LocalObject, list[str]]:
             if check is not None:
                 check(self.current(conn, meta.bucket, meta.key))
-            return self.upsert(conn, meta, blob_id, (), False, acked_s)
+            return self.upsert(conn, meta, blob_id, (), False, acked_s, crc32c=crc32c, body=body)
 
         return await self._write(op)
 
@@ -99,13 +103,23 @@ class Journal(JournalEngine):
         return await self._write(lambda c: self.upsert(c, meta, None, (), True, acked_s))
 
     async def commit_copy(
-        self, meta: ObjectMeta, blob_id: str | None, parts: tuple[PartRef, ...], acked_s: float
+        self,
+        meta: ObjectMeta,
+        blob_id: str | None,
+        parts: tuple[PartRef, ...],
+        acked_s: float,
+        *,
+        crc32c: int | None = None,
+        body: bytes | None = None,
     ) -> tuple[LocalObject, list[str]]:
-        """Make a copy the newest version of its key: a single body (``blob_id``) or the
-        ordered ``parts`` of a multipart body. The referenced blobs MUST be durable and owned
-        by this row alone (fresh hard links), since a superseded row's blobs are unlinked.
-        Returns the new row and the superseded blob ids (to unlink after this returns)."""
-        return await self._write(lambda c: self.upsert(c, meta, blob_id, parts, False, acked_s))
+        """Make a copy the newest version of its key: a single body (``blob_id``, or ``body``
+        inline) or the ordered ``parts`` of a multipart body. The referenced blobs MUST be
+        durable and owned by this row alone (fresh hard links), since a superseded row's
+        blobs are unlinked. Returns the new row and the superseded blob ids (to unlink after
+        this returns)."""
+        return await self._write(
+            lambda c: self.upsert(c, meta, blob_id, parts, False, acked_s, crc32c=crc32c, body=body)
+        )
 
     async def commit_deletes(self, bucket: str, keys: Sequence[str], acked_s: float) -> list[str]:
         """Record deletes of every key in ``keys`` (pending tombstones) in ONE transaction:
@@ -133,13 +147,22 @@ class Journal(JournalEngine):
         acked_s: float,
         *,
         is_cached: bool = False,
+        crc32c: int | None = None,
+        body: bytes | None = None,
     ) -> tuple[LocalObject, list[str]]:
-        """Inside a write op: replace the key's row; return it and the blobs it superseded.
-
-        ``is_cached``: a copy of what the upstream already has (read-through), durable at
-        once and known to exist upstream."""
+        """Inside a write op: replace the key's row; return it and the blobs it superseded
+        (see ``rows.write_version`` for the keywords)."""
         change, row, superseded = write_version(
-            conn, self._next_seq, meta, blob_id, parts, is_delete, acked_s, is_cached=is_cached
+            conn,
+            self._next_seq,
+            meta,
+            blob_id,
+            parts,
+            is_delete,
+            acked_s,
+            is_cached=is_cached,
+            crc32c=crc32c,
+            body=body,
         )
         # Only advance once the statement succeeded (a failed op is rolled back alone).
         self._next_seq = row.seq + 1
@@ -171,7 +194,9 @@ class Journal(JournalEngine):
             if entry[0] <= 0:
                 del self._watched[(bucket, key)]
 
-    async def commit_cached(self, meta: ObjectMeta, blob_id: str, now_s: float) -> bool:
+    async def commit_cached(
+        self, meta: ObjectMeta, blob_id: str, now_s: float, *, crc32c: int | None = None
+    ) -> bool:
         """Keep a read-through copy of an upstream object as a ``durable`` row, only if the
         key has no local row and was not written since ``watch`` (a local write or delete
         during the GET wins, even one already flushed and gone from the journal). The caller
@@ -183,7 +208,7 @@ class Journal(JournalEngine):
             watch = self._watched.get((meta.bucket, meta.key))
             if watch is None or watch[1] or self.current(conn, meta.bucket, meta.key):
                 return False
-            self.upsert(conn, meta, blob_id, (), False, now_s, is_cached=True)
+            self.upsert(conn, meta, blob_id, (), False, now_s, is_cached=True, crc32c=crc32c)
             return True
 
         return await self._write(op)

@@ -23,7 +23,15 @@ from collections.abc import Sequence
 
 from gateway.models import FlushState, LocalObject
 from gateway.store.journal import Journal
-from gateway.store.rows import COLUMNS, IMAGE_COLUMNS, RowChange, RowImage, image_from, row_from
+from gateway.store.rows import (
+    BODY_COLUMNS,
+    COLUMNS,
+    IMAGE_COLUMNS,
+    RowChange,
+    RowImage,
+    image_from,
+    row_from,
+)
 
 
 class FlushQueue:
@@ -43,8 +51,8 @@ class FlushQueue:
             claimed: list[LocalObject] = []
             for seq in seqs:
                 row = conn.execute(
-                    f"SELECT {IMAGE_COLUMNS}, {COLUMNS} FROM objects INDEXED BY objects_by_state "
-                    "WHERE state = 'pending' AND seq = ?",
+                    f"SELECT {IMAGE_COLUMNS}, {BODY_COLUMNS} FROM objects "
+                    "INDEXED BY objects_by_state WHERE state = 'pending' AND seq = ?",
                     (seq,),
                 ).fetchone()
                 if row is None:

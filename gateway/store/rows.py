@@ -17,12 +17,14 @@ from typing import Any
 
 from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
 
-# Columns of a full row, in the order ``row_from`` decodes them.
+# Columns of a full row, in the order ``row_from`` decodes them (the inline body aside).
 COLUMNS = (
     "bucket, key, seq, state, is_delete, blob_id, size_bytes, etag, last_modified_s, "
     "content_type, user_metadata, headers, checksums, attempts, last_error, parts, acked_s, "
-    "flushed_before"
+    "flushed_before, crc32c"
 )
+# ... and with the inline body last, for reads that serve or upload it.
+BODY_COLUMNS = COLUMNS + ", body"
 # Columns of an image, in the order ``image_from`` decodes them.
 IMAGE_COLUMNS = (
     "bucket, key, seq, COALESCE(fence_seq, seq), state, is_delete, size_bytes, acked_s, "
@@ -111,7 +113,8 @@ def image_of(conn: sqlite3.Connection, bucket: str, key: str) -> RowImage | None
 
 
 def row_from(r: tuple[Any, ...]) -> LocalObject:
-    """A full row (``COLUMNS``) as a LocalObject."""
+    """A full row (``COLUMNS``, or ``BODY_COLUMNS``) as a LocalObject."""
+    body = bytes(r[19]) if len(r) > 19 and r[19] is not None else None
     (
         bucket,
         key,
@@ -131,7 +134,8 @@ def row_from(r: tuple[Any, ...]) -> LocalObject:
         parts,
         acked_s,
         flushed_before,
-    ) = r
+        crc32c,
+    ) = r[:19]
     meta = ObjectMeta(
         bucket=bucket,
         key=key,
@@ -154,20 +158,23 @@ def row_from(r: tuple[Any, ...]) -> LocalObject:
         parts=tuple(PartRef(*p) for p in json.loads(parts)) if parts else (),
         acked_s=acked_s,
         flushed_before=bool(flushed_before),
+        crc32c=crc32c,
+        body=body,
     )
 
 
 def current(conn: sqlite3.Connection, bucket: str, key: str) -> LocalObject | None:
-    """Inside an op: the key's full row (version or tombstone), or None."""
+    """Inside an op: the key's full row (version or tombstone, inline body included), or
+    None."""
     row = conn.execute(
-        f"SELECT {COLUMNS} FROM objects WHERE bucket = ? AND key = ?", (bucket, key)
+        f"SELECT {BODY_COLUMNS} FROM objects WHERE bucket = ? AND key = ?", (bucket, key)
     ).fetchone()
     return row_from(row) if row else None
 
 
 def parts_json(parts: tuple[PartRef, ...]) -> str | None:
     return (
-        json.dumps([[p.blob_id, p.size_bytes, p.etag, p.checksum] for p in parts])
+        json.dumps([[p.blob_id, p.size_bytes, p.etag, p.checksum, p.crc32c] for p in parts])
         if parts
         else None
     )
@@ -224,12 +231,15 @@ def write_version(
     acked_s: float,
     *,
     is_cached: bool = False,
+    crc32c: int | None = None,
+    body: bytes | None = None,
 ) -> tuple[RowChange, LocalObject, list[str]]:
     """Inside a write op: make this the key's row, as version ``seq``. Returns the change,
     the new row and the blob ids of the row it replaced (to unlink after COMMIT).
 
     ``is_cached``: a copy of what the upstream already has (read-through), durable at once
-    and known to exist upstream."""
+    and known to exist upstream. ``crc32c``: of the single body (file or ``body``, the body
+    itself when it is stored inline)."""
     old = conn.execute(
         f"SELECT blob_id, parts, flushed_before, {IMAGE_COLUMNS} "
         "FROM objects WHERE bucket = ? AND key = ?",
@@ -245,8 +255,8 @@ def write_version(
     # taken after its ack: the fence waits for the version that replaces it.
     fence_seq = before.fence_seq if before and before.is_unflushed else seq
     conn.execute(
-        f"INSERT OR REPLACE INTO objects ({COLUMNS}, not_before_s, fence_seq, accessed_s) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, 0, ?, ?)",
+        f"INSERT OR REPLACE INTO objects ({BODY_COLUMNS}, not_before_s, fence_seq, accessed_s) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, ?, ?, 0, ?, ?)",
         (
             meta.bucket,
             meta.key,
@@ -264,6 +274,8 @@ def write_version(
             parts_json(parts),
             acked_s,
             int(flushed_before),
+            crc32c,
+            body,
             fence_seq,
             acked_s if is_cached else None,
         ),
@@ -280,5 +292,7 @@ def write_version(
         parts=parts,
         acked_s=acked_s,
         flushed_before=flushed_before,
+        crc32c=crc32c,
+        body=body,
     )
     return RowChange(before, after), row, (blob_ids_of(old[0], old[1]) if old else [])

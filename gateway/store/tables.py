@@ -88,6 +88,12 @@ _ADDED_COLUMNS = (
     # Oldest unflushed acknowledged version of the key, for drain fences. NULL reads as
     # ``seq``: the old fence, which is right for rows written before the upgrade.
     ("objects", "fence_seq", "INTEGER"),
+    # CRC32C of the single body, taken at ingest; NULL for rows written before (checked by
+    # MD5 then). Parts keep theirs in the parts JSON (a fifth element) and in ``parts``.
+    ("objects", "crc32c", "INTEGER"),
+    ("parts", "crc32c", "INTEGER"),
+    # A small body stored in the journal itself (no blob file); NULL otherwise.
+    ("objects", "body", "BLOB"),
 )
 
 

@@ -39,6 +39,7 @@ class Part:
     etag: str
     checksums: dict[str, str]
     last_modified_s: float
+    crc32c: int | None = None  # of the part's file, from ingest (local integrity checks)
 
 
 class UploadJournal:
@@ -93,7 +94,7 @@ class UploadJournal:
             ).fetchone()
             conn.execute(
                 "INSERT OR REPLACE INTO parts (upload_id, part_number, blob_id, size_bytes, etag, "
-                "checksums, last_modified_s) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "checksums, last_modified_s, crc32c) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     upload_id,
                     part.part_number,
@@ -102,6 +103,7 @@ class UploadJournal:
                     part.etag,
                     json.dumps(part.checksums),
                     part.last_modified_s,
+                    part.crc32c,
                 ),
             )
             self._journal.record(PartsChange(part.size_bytes - (int(old[1]) if old else 0)))
@@ -112,11 +114,12 @@ class UploadJournal:
     async def parts(self, upload_id: str, after: int = 0, limit: int = 10_000) -> list[Part]:
         def op(conn: sqlite3.Connection) -> list[Part]:
             rows = conn.execute(
-                "SELECT part_number, blob_id, size_bytes, etag, checksums, last_modified_s "
-                "FROM parts WHERE upload_id = ? AND part_number > ? ORDER BY part_number LIMIT ?",
+                "SELECT part_number, blob_id, size_bytes, etag, checksums, last_modified_s, "
+                "crc32c FROM parts WHERE upload_id = ? AND part_number > ? "
+                "ORDER BY part_number LIMIT ?",
                 (upload_id, after, limit),
             ).fetchall()
-            return [Part(n, b, s, e, json.loads(c), m) for n, b, s, e, c, m in rows]
+            return [Part(n, b, s, e, json.loads(c), m, crc) for n, b, s, e, c, m, crc in rows]
 
         return await self._journal.run_read(op)
 

@@ -10,12 +10,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from awscrt import checksums as crt_checksums
 
 from gateway.clock import SystemClock
 from gateway.core.cache import CacheFills, read_verified
 from gateway.errors import InternalError
 from gateway.models import FlushState, ObjectMeta
 from gateway.store.blobs import BlobStore
+from gateway.store.integrity import BodyDigest
 from gateway.store.journal import Journal
 from gateway.store.space import CacheSpace
 
@@ -125,6 +127,10 @@ def test_fill_skips_multipart_etags(env: Env) -> None:
     assert env.fills.wants(_meta(b"0123456789"), 1 << 30)
 
 
+def _digest(body: bytes) -> BodyDigest:
+    return BodyDigest(len(body), crt_checksums.crc32c(body), hashlib.md5(body).hexdigest())
+
+
 async def test_read_verified_holds_back_last_piece_on_mismatch() -> None:
     good, bad = b"a" * 3_000_000, b"b" * 100
     reported: list[str] = []
@@ -133,7 +139,7 @@ async def test_read_verified_holds_back_last_piece_on_mismatch() -> None:
         reported.append(message)
 
     files = [io.BytesIO(good), io.BytesIO(bad)]
-    expected = [hashlib.md5(good).hexdigest(), hashlib.md5(b"c" * 100).hexdigest()]
+    expected = [_digest(good), BodyDigest(100, crt_checksums.crc32c(b"c" * 100), None)]
     got = b""
     with pytest.raises(InternalError):
         async for piece in read_verified(files, expected, on_corrupt):  # type: ignore[arg-type]
@@ -143,7 +149,7 @@ async def test_read_verified_holds_back_last_piece_on_mismatch() -> None:
     assert all(f.closed for f in files)
 
     files = [io.BytesIO(good), io.BytesIO(bad)]
-    expected[1] = hashlib.md5(bad).hexdigest()
+    expected[1] = _digest(bad)
     whole = b"".join([p async for p in read_verified(files, expected, on_corrupt)])  # type: ignore[arg-type]
     assert whole == good + bad
 
