@@ -145,6 +145,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
         clock,
         max_object_bytes=settings.max_object_bytes,
         space=space,
+        inline_max_bytes=settings.inline_threshold_bytes,
     )
     stack.push_async_callback(object_service.fills.close)
     s3 = S3Services(

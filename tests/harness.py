@@ -777,6 +777,9 @@ def start_moto() -> tuple[Any, str]:
     """Start moto's ThreadedMotoServer on a free loopback port; returns (server, url)."""
     from moto.server import ThreadedMotoServer
 
+    from gateway.upstream.demo import make_moto_etag_thread_safe
+
+    make_moto_etag_thread_safe()  # moto's lazy ETag is racy (see there): keep tests exact
     # werkzeug logs every request to stderr; keep test output readable.
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

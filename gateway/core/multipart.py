@@ -18,7 +18,7 @@ from gateway.checksums import CHECKSUM_ALGORITHMS, composite, full_object, is_cr
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
-from gateway.core.ingest import ingest, validate_key
+from gateway.core.ingest import ingest_file, validate_key
 from gateway.errors import (
     BadDigest,
     EntityTooSmall,
@@ -127,7 +127,9 @@ class MultipartService:
     async def _put_part(
         self, req: PutRequest, upload_id: str, part_number: int, body: RequestBody
     ) -> Part:
-        blob, checksums = await ingest(self._blobs, req, body, max_bytes=self._max_part_bytes)
+        blob, checksums = await ingest_file(
+            self._blobs, req, body, max_bytes=self._max_part_bytes
+        )
         part = Part(
             part_number,
             blob.blob_id,

@@ -27,10 +27,10 @@ from gateway.core.cache import CacheFills, admitted, read_verified
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range
-from gateway.errors import InvalidRange, NoSuchKey, NotModified
+from gateway.errors import InternalError, InvalidRange, NoSuchKey, NotModified
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
-from gateway.store.integrity import body_digests
+from gateway.store.integrity import body_digests, check_bytes
 from gateway.store.journal import Journal, RowCheck
 from gateway.store.space import CacheSpace
 from gateway.upstream.client import Upstream
@@ -95,6 +95,7 @@ class ObjectService:
         *,
         max_object_bytes: int,
         space: CacheSpace | None = None,
+        inline_max_bytes: int = 64 << 10,
     ) -> None:
         self._journal = journal
         self._blobs = blobs
@@ -102,6 +103,7 @@ class ObjectService:
         self._buckets = buckets
         self._clock = clock
         self._max_object_bytes = max_object_bytes
+        self._inline_max_bytes = inline_max_bytes
         self._space = space
         self.fills = CacheFills(journal, blobs, space, clock)
 
@@ -114,7 +116,13 @@ class ObjectService:
         return await admitted(self._space, req.content_length or 0, self._put(req, body, check))
 
     async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:
-        blob, checksums = await ingest(self._blobs, req, body, max_bytes=self._max_object_bytes)
+        blob, checksums = await ingest(
+            self._blobs,
+            req,
+            body,
+            max_bytes=self._max_object_bytes,
+            inline_max_bytes=self._inline_max_bytes,
+        )
         try:
             meta = ObjectMeta(
                 bucket=req.bucket,
@@ -128,10 +136,10 @@ class ObjectService:
                 checksums=checksums,
             )
             _, superseded = await self._journal.commit_put(
-                meta, blob.blob_id, self._clock.wall(), check, crc32c=blob.crc32c
+                meta, blob.blob_id, self._clock.wall(), check, crc32c=blob.crc32c, body=blob.body
             )
         except BaseException:
-            await asyncio.shield(self._blobs.discard([blob.blob_id]))
+            await asyncio.shield(self._blobs.discard(blob.blob_ids))
             raise
         await self._blobs.discard(superseded)
         return meta
@@ -198,6 +206,8 @@ class ObjectService:
             if head.is_not_modified:
                 return ObjectBody(head, _no_chunks())
             span = head.byte_range or ByteRange(0, local.meta.size_bytes - 1, local.meta.size_bytes)
+            if local.body is not None:
+                return await self._inline_body(local, head, span)
             pieces = _pieces(local, span.start, span.length)
             try:
                 files = await asyncio.to_thread(self._open_all, [p[0] for p in pieces])
@@ -214,6 +224,22 @@ class ObjectService:
                 return ObjectBody(head, read_verified(files, digests, self._corrupt_hook(local)))
             return ObjectBody(head, _read_files(files, pieces))
         raise NoSuchKey(Key=key)  # pragma: no cover - three overwrites in a row while opening
+
+    async def _inline_body(
+        self, local: LocalObject, head: ObjectHead, span: ByteRange
+    ) -> ObjectBody:
+        """A body stored in the journal row: checked before anything is sent (a whole read;
+        as with files, ranges are not checked), then served from memory."""
+        assert local.body is not None
+        if head.byte_range is None:
+            problem = check_bytes(local.body, body_digests(local)[0])
+            if problem is not None:
+                message = f"local corruption: inline body: {problem}"
+                await self.report_corrupt(local, message)
+                raise InternalError(message)
+        if self._space is not None:
+            self._space.touch(local.meta.bucket, local.meta.key)
+        return ObjectBody(head, _one_piece(local.body[span.start : span.start + span.length]))
 
     async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody:
         """Read-through: the upstream evaluates range, part and preconditions in one GET.
@@ -363,6 +389,11 @@ def _pieces(local: LocalObject, start: int, length: int) -> list[tuple[str, int,
             out.append((blob_id, offset, min(end, file_end) - file_start - offset))
         file_start = file_end
     return out
+
+
+async def _one_piece(data: bytes) -> AsyncIterator[bytes]:
+    if data:
+        yield data
 
 
 async def _no_chunks() -> AsyncIterator[bytes]:

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 # A piece smaller than this (or than the store's pieces) is hashed and written in one thread
 # hop: for small bodies the hops would cost more than the parallelism saves.
 _PARALLEL_MIN_BYTES = 256 * KiB
+# A body this small is hashed on the loop: a thread hop would cost more (~10 µs of MD5).
+_LOOP_HASH_MAX_BYTES = 16 * KiB
 # Digests cheap enough (GB/s) to share one thread.
 _FAST = frozenset({"crc32", "crc32c", "crc64nvme"})
 # The stored checksum of every body (``integrity.py``).
@@ -60,6 +62,43 @@ class WrittenBlob:
     def crc32c(self) -> int:
         """The stored checksum of the body (``integrity.py``)."""
         return int.from_bytes(self.digests[FAST_CHECKSUM], "big")
+
+    @property
+    def body(self) -> None:
+        """Not held in memory (see ``InlineBody``)."""
+        return None
+
+    @property
+    def blob_ids(self) -> list[str]:
+        return [self.blob_id]
+
+
+@dataclass(frozen=True, slots=True)
+class InlineBody:
+    """A small body held in memory, to be stored inside the journal row (no file)."""
+
+    body: bytes
+    digests: dict[str, bytes]  # algorithm -> raw digest (always "crc32c" among them)
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.body)
+
+    @property
+    def crc32c(self) -> int:
+        return int.from_bytes(self.digests[FAST_CHECKSUM], "big")
+
+    @property
+    def blob_id(self) -> None:
+        return None
+
+    @property
+    def blob_ids(self) -> list[str]:
+        return []
+
+
+# A request body once taken: a durable file, or small bytes for the journal.
+Ingested = WrittenBlob | InlineBody
 
 
 class BlobStore:
@@ -193,6 +232,26 @@ class BlobStore:
         os.rename(tmp_path, final_path)
         if self.fsync:
             os.fsync(dir_fd)
+
+    async def hold(
+        self, chunks: AsyncIterator[bytes], algorithms: Iterable[str], *, max_bytes: int
+    ) -> InlineBody:
+        """Read a small body (at most ``max_bytes``, else EntityTooLarge) into memory and
+        hash it: on the loop when tiny, else in one worker thread. Nothing touches the
+        disk: the journal commit that stores it is what makes it durable."""
+        data = bytearray()
+        async for chunk in chunks:
+            data += chunk
+            if len(data) > max_bytes:
+                raise EntityTooLarge()
+        body = bytes(data)
+        hashers = {name: new_hasher(name) for name in {*algorithms, FAST_CHECKSUM}}
+        if len(body) <= _LOOP_HASH_MAX_BYTES:
+            _update_all(list(hashers.values()), body)
+        else:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._pool, _update_all, list(hashers.values()), body)
+        return InlineBody(body, {n: h.digest() for n, h in hashers.items()})
 
     async def link(self, blob_ids: Sequence[str]) -> list[str]:
         """New blobs sharing the bodies of ``blob_ids`` (hard links: no bytes are copied).

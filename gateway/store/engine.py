@@ -28,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 from gateway.errors import SlowDown
 from gateway.store.figures import Fence, Figures, Stats, Tally
 from gateway.store.rows import Change, RowChange, RowImage, is_directory_prefix
+from gateway.store.checkpoint import Checkpointer
 from gateway.store.sqlite_writer import GroupWriter
 from gateway.store.tables import (
     count_unflushed,
@@ -80,6 +81,7 @@ class JournalEngine:
         )
         self._local = threading.local()
         self._writer: GroupWriter | None = None
+        self._checkpointer: Checkpointer | None = None
         self._next_seq = 1
         self._consumers: list[ChangeConsumer] = []
         self._listeners: list[Callable[[], None]] = []  # called after each applied group
@@ -101,13 +103,19 @@ class JournalEngine:
         load_figures(conn, self.figures)
         self.figures.last_seq = self._next_seq - 1
         blobs = referenced_blobs(conn)
-        self._writer = GroupWriter(conn)
+        # Checkpoints happen in the background, never inside a group's commit.
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        self._checkpointer = Checkpointer(self._connect)
+        self._writer = GroupWriter(conn, on_committed=self._checkpointer.note_commit)
         return blobs
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
         self._readers.shutdown(wait=True)
         self._admin_readers.shutdown(wait=True)
 

@@ -39,9 +39,16 @@ class GroupWriter:
     consumer of them sees the same sequence of states as the database did.
     """
 
-    def __init__(self, conn: sqlite3.Connection, *, max_batch: int = 512) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        max_batch: int = 512,
+        on_committed: Callable[[], None] | None = None,
+    ) -> None:
         self._conn = conn
         self._max_batch = max_batch
+        self._on_committed = on_committed  # after each successful COMMIT (writer thread)
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
@@ -97,6 +104,8 @@ class GroupWriter:
                     conn.execute("RELEASE op")
                     results.append((False, exc))
             conn.execute("COMMIT")
+            if self._on_committed is not None:
+                self._on_committed()
         except Exception as exc:  # COMMIT failed: nothing of the group is durable
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

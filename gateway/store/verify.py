@@ -55,6 +55,8 @@ class _Expect:
     digest: BodyDigest
     checksums: dict[str, str]  # algorithm -> base64; checked only without a CRC32C
     recheck: tuple[str, tuple[object, ...]]  # SQL proving the row still references the blob
+    # SQL reading the body from the row, for a body stored inline (``blob_id`` is "inline")
+    inline: tuple[str, tuple[object, ...]] | None = None
 
 
 def verify_data_dir(data_dir: Path) -> Report:
@@ -75,10 +77,10 @@ def verify_data_dir(data_dir: Path) -> Report:
 
 def _expectations(conn: sqlite3.Connection) -> Iterator[_Expect]:
     rows = conn.execute(
-        "SELECT bucket, key, seq, state, blob_id, parts, size_bytes, etag, checksums, crc32c "
-        "FROM objects WHERE is_delete = 0"
+        "SELECT bucket, key, seq, state, blob_id, parts, size_bytes, etag, checksums, crc32c, "
+        "body IS NOT NULL FROM objects WHERE is_delete = 0"
     )
-    for bucket, key, seq, state, blob_id, parts, size, etag, checksums, crc in rows:
+    for bucket, key, seq, state, blob_id, parts, size, etag, checksums, crc, inline in rows:
         recheck: tuple[str, tuple[object, ...]] = (
             "SELECT 1 FROM objects WHERE bucket = ? AND key = ? AND seq = ?",
             (bucket, key, seq),
@@ -96,9 +98,22 @@ def _expectations(conn: sqlite3.Connection) -> Iterator[_Expect]:
                     {},
                     recheck,
                 )
-        elif blob_id:
+        elif blob_id or inline:
             digest = BodyDigest(size, crc, _md5(etag))
-            yield _Expect(where, state, blob_id, digest, json.loads(checksums), recheck)
+            body_sql = (
+                ("SELECT body FROM objects WHERE bucket = ? AND key = ? AND seq = ?", recheck[1])
+                if inline
+                else None
+            )
+            yield _Expect(
+                where,
+                state,
+                blob_id or "inline",
+                digest,
+                json.loads(checksums),
+                recheck,
+                body_sql,
+            )
     for upload_id, number, blob_id, size, etag, checksums, crc in conn.execute(
         "SELECT upload_id, part_number, blob_id, size_bytes, etag, checksums, crc32c FROM parts"
     ):
@@ -125,12 +140,11 @@ def _check(blobs: BlobStore, conn: sqlite3.Connection, expect: _Expect, report: 
     hashers = {name: new_hasher(name) for name in others}
     size = 0
     try:
-        with blobs.path(expect.blob_id).open("rb") as body:
-            while piece := body.read(_PIECE_BYTES):
-                size += len(piece)
-                check.update(piece)
-                for hasher in hashers.values():
-                    hasher.update(piece)
+        for piece in _pieces(blobs, conn, expect):
+            size += len(piece)
+            check.update(piece)
+            for hasher in hashers.values():
+                hasher.update(piece)
     except FileNotFoundError:
         if conn.execute(*expect.recheck).fetchone() is not None:
             report.problems.append(_problem(expect, "body file is missing"))
@@ -144,6 +158,20 @@ def _check(blobs: BlobStore, conn: sqlite3.Connection, expect: _Expect, report: 
             details.append(f"{name.upper()} {got}, recorded {value}")
     if details and conn.execute(*expect.recheck).fetchone() is not None:
         report.problems.append(_problem(expect, "; ".join(details)))
+
+
+def _pieces(blobs: BlobStore, conn: sqlite3.Connection, expect: _Expect) -> Iterator[bytes]:
+    """The body's bytes: from its row (inline; a row gone meanwhile reads as missing) or
+    from its file."""
+    if expect.inline is not None:
+        row = conn.execute(*expect.inline).fetchone()
+        if row is None or row[0] is None:
+            raise FileNotFoundError("inline body is gone")
+        yield bytes(row[0])
+        return
+    with blobs.path(expect.blob_id).open("rb") as body:
+        while piece := body.read(_PIECE_BYTES):
+            yield piece
 
 
 def _problem(expect: _Expect, detail: str) -> Problem:
