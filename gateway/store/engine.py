@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from gateway.errors import SlowDown
+from gateway.store.checkpoint import Checkpointer
 from gateway.store.figures import Fence, Figures, Stats, Tally
 from gateway.store.rows import Change, RowChange, RowImage, is_directory_prefix
-from gateway.store.checkpoint import Checkpointer
 from gateway.store.sqlite_writer import GroupWriter
 from gateway.store.tables import (
     count_unflushed,
