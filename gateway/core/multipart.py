@@ -127,9 +127,7 @@ class MultipartService:
     async def _put_part(
         self, req: PutRequest, upload_id: str, part_number: int, body: RequestBody
     ) -> Part:
-        blob, checksums = await ingest_file(
-            self._blobs, req, body, max_bytes=self._max_part_bytes
-        )
+        blob, checksums = await ingest_file(self._blobs, req, body, max_bytes=self._max_part_bytes)
         part = Part(
             part_number,
             blob.blob_id,
