@@ -127,6 +127,7 @@ async def _run(settings: Settings, stop: asyncio.Event, stack: contextlib.AsyncE
             await upstream.create_bucket(settings.demo_bucket, None)
 
     buckets = BucketService(journal, blobs, upstream, clock)
+    stack.push_async_callback(buckets.close)
     uploads = UploadJournal(journal)
     multipart = MultipartService(
         uploads,

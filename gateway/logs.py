@@ -3,14 +3,22 @@
 ``configure`` installs one stderr handler on the root logger. Both formats pass the final
 message through ``redact``, so a presigned URL or an Authorization header that reaches a log
 call by mistake is still masked (defence in depth: the access log never logs them anyway).
+
+Records are handed to a writer thread (``QueueHandler`` / ``QueueListener``): the event loop
+only builds the message; formatting the line and writing it (a syscall that can block on a
+slow terminal or pipe) happen off the loop. ``flush()`` waits for what is queued.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextvars
+import copy
 import datetime
 import json
 import logging
+import logging.handlers
+import queue
 import re
 import sys
 import urllib.parse
@@ -101,20 +109,58 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str, ensure_ascii=False)
 
 
+class _Handoff(logging.handlers.QueueHandler):
+    """Queues a record for the writer thread. The message is merged here (its arguments
+    may change once the call returns) and the request id taken here (a context variable of
+    this task); the exception stays attached for the formatter."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record = copy.copy(record)
+        record.msg = record.getMessage()
+        record.args = None
+        return record
+
+
+_listener: logging.handlers.QueueListener | None = None
+_queue: queue.Queue[logging.LogRecord] | None = None
+
+
+def flush() -> None:
+    """Wait until every record queued so far is written."""
+    if _queue is not None:
+        _queue.join()
+
+
+def _stop_listener() -> None:
+    global _listener
+    if _listener is not None:
+        _listener.stop()  # writes what is still queued
+        _listener = None
+
+
 def configure(level: str, fmt: str, *, access_log: bool = True, stream: Any = None) -> None:
     """Install the one root handler (stderr by default) in format ``text`` or ``json``.
 
     ``access_log=False`` silences the ``gateway.access`` logger. aiohttp's own access
     logger is always silenced: it prints the raw request line, presigned signature included.
     """
+    global _listener, _queue
+    _stop_listener()
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(RequestIdFilter())
+    _queue = queue.Queue()
+    handoff = _Handoff(_queue)
+    handoff.addFilter(RequestIdFilter())
+    _listener = logging.handlers.QueueListener(_queue, handler)
+    _listener.start()
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(handler)
+    root.addHandler(handoff)
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     access = logging.getLogger(ACCESS_LOGGER)
     access.setLevel(logging.INFO if access_log else logging.WARNING)
+
+
+atexit.register(_stop_listener)

@@ -367,9 +367,12 @@ class Flusher:
         if obj.body is not None:
             await self._upload_inline(obj, lane, obj.body)
             return
-        with contextlib.ExitStack() as files:
+        async with contextlib.AsyncExitStack() as files:
             try:
-                opened = [files.enter_context(self._blobs.path(b).open("rb")) for b in obj.blob_ids]
+                # Opened and closed in a thread: an open can wait on the disk, and the last
+                # close of a superseded (unlinked) blob frees its blocks.
+                opened = await asyncio.to_thread(_open_all, self._blobs, obj.blob_ids)
+                files.push_async_callback(asyncio.to_thread, _close_all, opened)
             except FileNotFoundError as exc:
                 # Only a superseded version's blob is ever unlinked: nothing to upload, the
                 # newer version has its own row. A blob missing for a live row is a fault.
@@ -490,6 +493,24 @@ class Flusher:
             exc,
         )
         await self._queue.retry_later(obj, str(exc), self._clock.wall() + delay)
+
+
+def _open_all(blobs: BlobStore, blob_ids: list[str]) -> list[BinaryIO]:
+    """Open every body file of a version (blocking); none is left open if one is missing."""
+    opened: list[BinaryIO] = []
+    try:
+        for blob_id in blob_ids:
+            opened.append(blobs.path(blob_id).open("rb"))
+    except BaseException:
+        _close_all(opened)
+        raise
+    return opened
+
+
+def _close_all(files: list[BinaryIO]) -> None:
+    for f in files:
+        with contextlib.suppress(OSError):
+            f.close()
 
 
 async def _require_intact(body: BinaryIO, digest: BodyDigest) -> None:

@@ -181,9 +181,10 @@ class BlobStore:
         blob_id = secrets.token_hex(16)
         tmp_path = self._tmp / blob_id
         hashers = {name: new_hasher(name) for name in {*algorithms, FAST_CHECKSUM}}
-        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         parallel_min = min(_PARALLEL_MIN_BYTES, self.piece_bytes)
-        pipeline = _Pipeline(asyncio.get_running_loop(), self._pool, fd, hashers, parallel_min)
+        loop = asyncio.get_running_loop()
+        # The file is created by the first write, in a worker thread (never on the loop).
+        pipeline = _Pipeline(loop, self._pool, tmp_path, hashers, parallel_min)
         size = 0
         buf = bytearray()
         try:
@@ -202,20 +203,17 @@ class BlobStore:
             await pipeline.drain()
             final_path = self.path(blob_id)
             dir_fd = self._dir_fds[blob_id[:2]]
-            await pipeline.loop.run_in_executor(
-                self._pool, self._finish, fd, tail, pipeline, tmp_path, final_path, dir_fd
+            await loop.run_in_executor(
+                self._pool, self._finish, tail, pipeline, tmp_path, final_path, dir_fd
             )
         except BaseException:
             await pipeline.abandon()
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            tmp_path.unlink(missing_ok=True)
+            await asyncio.shield(loop.run_in_executor(self._pool, pipeline.remove))
             raise
         return WrittenBlob(blob_id, size, {n: h.digest() for n, h in hashers.items()})
 
     def _finish(
         self,
-        fd: int,
         tail: bytes,
         pipeline: _Pipeline,
         tmp_path: Path,
@@ -223,12 +221,11 @@ class BlobStore:
         dir_fd: int,
     ) -> None:
         """The last (small) piece, then durability: fsync, rename, fsync(dir). One hop."""
-        try:
-            pipeline.consume_all(tail)
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        pipeline.consume_all(tail)
+        fd = pipeline.opened()
+        if self.fsync:
+            os.fsync(fd)
+        pipeline.close()
         os.rename(tmp_path, final_path)
         if self.fsync:
             os.fsync(dir_fd)
@@ -339,16 +336,20 @@ class _Pipeline:
         self,
         loop: asyncio.AbstractEventLoop,
         pool: ThreadPoolExecutor,
-        fd: int,
+        path: Path,
         hashers: dict[str, Hasher],
         parallel_min_bytes: int,
     ) -> None:
         self.loop = loop
         self._pool = pool
+        self._path = path
+        self._fd: int | None = None  # set by the first write (a worker thread)
         self._parallel_min_bytes = parallel_min_bytes
         fast = [h for name, h in hashers.items() if name in _FAST]
         slow = [h for name, h in hashers.items() if name not in _FAST]
-        self._consumers: list[Callable[[bytes], None]] = [lambda data: _write_all(fd, data)]
+        self._consumers: list[Callable[[bytes], None]] = [
+            lambda data: _write_all(self.opened(), data)
+        ]
         if fast:
             self._consumers.append(lambda data: _update_all(fast, data))
         self._consumers.extend(h.update for h in slow)
@@ -376,6 +377,24 @@ class _Pipeline:
             if pending is not None:
                 self._pending[i] = None
                 await pending
+
+    def opened(self) -> int:
+        """The temporary file's descriptor, created on first use (in a worker thread)."""
+        if self._fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            self._fd = os.open(self._path, flags, 0o600)
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def remove(self) -> None:
+        """After a failure (worker thread): nothing of the body is left behind."""
+        with contextlib.suppress(OSError):
+            self.close()
+        self._path.unlink(missing_ok=True)
 
     async def abandon(self) -> None:
         """After a failure: let the threads finish with the pieces they hold."""
