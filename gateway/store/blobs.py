@@ -186,17 +186,20 @@ class BlobStore:
         # The file is created by the first write, in a worker thread (never on the loop).
         pipeline = _Pipeline(loop, self._pool, tmp_path, hashers, parallel_min)
         size = 0
-        buf = bytearray()
+        pending: list[bytes] = []  # chunks of the next piece (not copied until it is whole)
+        pending_bytes = 0
         try:
             async for chunk in chunks:
                 size += len(chunk)
                 if max_bytes is not None and size > max_bytes:
                     raise EntityTooLarge()
-                buf += chunk
-                if len(buf) >= self.piece_bytes:
-                    await pipeline.feed(bytes(buf))
-                    buf.clear()
-            tail = bytes(buf)
+                pending.append(chunk)
+                pending_bytes += len(chunk)
+                if pending_bytes >= self.piece_bytes:
+                    # A chunk as large as a piece (aiohttp hands over ~1 MiB) goes as is.
+                    await pipeline.feed(pending[0] if len(pending) == 1 else b"".join(pending))
+                    pending, pending_bytes = [], 0
+            tail = b"".join(pending)
             if len(tail) >= parallel_min:
                 await pipeline.feed(tail)
                 tail = b""

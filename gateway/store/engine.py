@@ -39,6 +39,7 @@ from gateway.store.tables import (
 )
 
 T = TypeVar("T")
+_WRITER_CHECKPOINT_PAGES = 4096  # 16 MiB of WAL at 4 KiB pages
 
 
 class FenceCounter(Protocol):
@@ -103,8 +104,11 @@ class JournalEngine:
         load_figures(conn, self.figures)
         self.figures.last_seq = self._next_seq - 1
         blobs = referenced_blobs(conn)
-        # Checkpoints happen in the background, never inside a group's commit.
-        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        # Checkpoints happen in the background (checkpoint.py). The writer's own automatic
+        # checkpoint stays only as a backstop, far later than SQLite's default (1000 pages):
+        # it then finds nearly everything copied already, completes at once and lets the
+        # WAL restart from its beginning, which bounds it under sustained writes.
+        conn.execute(f"PRAGMA wal_autocheckpoint = {_WRITER_CHECKPOINT_PAGES}")
         self._checkpointer = Checkpointer(self._connect)
         self._writer = GroupWriter(conn, on_committed=self._checkpointer.note_commit)
         return blobs
