@@ -158,6 +158,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
             await upstream.create_bucket(settings.demo_bucket, None)
 
     flusher = _flusher(settings, clock, journal, blobs, upstream)
+    await flusher.attach()  # the pending rows, in memory, before any write can arrive
     s3 = _s3_services(settings, clock, journal, blobs, upstream, space, credentials, flusher, stack)
     prefetcher = Prefetcher(journal, upstream, s3.objects.fills, space, clock)
     stack.push_async_callback(prefetcher.close)
@@ -271,6 +272,8 @@ def _s3_services(
     stack: contextlib.AsyncExitStack,
 ) -> S3Services:
     buckets = BucketService(journal, blobs, upstream, clock)
+    stack.push_async_callback(buckets.close)
+    stack.push_async_callback(buckets.close)
     uploads = UploadJournal(journal)
     multipart = MultipartService(
         uploads,
@@ -298,6 +301,7 @@ def _s3_services(
         ),
         # Reads of the upstream share the flusher's global bytes/s budget.
         budget=None if flusher.bandwidth.unlimited else flusher.bandwidth,
+        inline_max_bytes=settings.inline_threshold_bytes,
     )
     stack.push_async_callback(object_service.fills.close)
     stack.push_async_callback(object_service.verifier.close)

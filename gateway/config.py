@@ -143,6 +143,9 @@ class Settings:
     commit_markers: tuple[str, ...] = (".metadata", "_SUCCESS")
     # A single PutObject body above this is flushed as a multipart upload.
     multipart_threshold_bytes: int = 64 * MiB
+    # A PutObject body of at most this many bytes is stored inside the journal: durable with
+    # the (grouped) journal commit alone, no file, no file or directory fsync. 0: never.
+    inline_threshold_bytes: int = 64 * KiB
     # Largest single PutObject body or part accepted (S3's limit is 5 GiB).
     max_object_bytes: int = 5 * GiB
     # Smallest non-last part CompleteMultipartUpload accepts (S3: 5 MiB). The flusher
@@ -238,6 +241,7 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "temp_hold_s": (float, "seconds temp keys wait before they may flush"),
     "commit_markers": (_patterns, "comma-separated globs of commit-marker file names"),
     "multipart_threshold_bytes": (parse_size, "single PUTs above this flush as multipart"),
+    "inline_threshold_bytes": (parse_size, "PUT bodies up to this live in the journal (0: off)"),
     "max_object_bytes": (parse_size, "largest PutObject body or part"),
     "min_part_bytes": (parse_size, "smallest non-last multipart part"),
     "shutdown_drain_timeout_s": (float, "seconds to keep flushing after SIGTERM"),
@@ -352,6 +356,8 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("multipart-threshold must be at least 5MiB (S3's smallest part)")
     if settings.read_part_size_bytes < 64 * KiB or settings.read_concurrency < 1:
         raise ConfigError("read-part-size must be at least 64KiB, read-concurrency at least 1")
+    if not 0 <= settings.inline_threshold_bytes <= 1 * MiB:
+        raise ConfigError("inline-threshold must be between 0 and 1MiB")
 
 
 def _validate_limits(settings: Settings) -> None:

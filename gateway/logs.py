@@ -3,16 +3,24 @@
 ``configure`` installs one stderr handler on the root logger. Both formats pass the final
 message through ``redact``, so a presigned URL or an Authorization header that reaches a log
 call by mistake is still masked (defence in depth: the access log never logs them anyway).
+
+Records are handed to a writer thread in batches (``_Batches``): the event loop only builds
+the message; formatting the line and writing it (a syscall that can block on a slow
+terminal or pipe) happen off the loop, about 50 ms later. ``flush()`` waits for what is
+queued.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import datetime
 import json
 import logging
 import re
 import sys
+import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -101,20 +109,103 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str, ensure_ascii=False)
 
 
+class _Batches(logging.Handler):
+    """Hands records to a writer thread that formats and writes them in batches.
+
+    On the caller's thread (the event loop) a record costs its creation, its message (merged
+    here: its arguments may change once the call returns) and an append; the writer thread
+    is woken once per batch, not per record (a wake-up per access-log line cost more CPU
+    than the rest of a small PUT), waits ``linger_s`` for the batch to fill, then writes it.
+    """
+
+    def __init__(self, target: logging.Handler, linger_s: float = 0.05) -> None:
+        super().__init__()
+        self._target = target
+        self._linger_s = linger_s
+        self._batch: list[logging.LogRecord] = []
+        self._cond = threading.Condition()
+        self._queued = 0
+        self._written = 0
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.msg = record.getMessage()
+        record.args = None
+        with self._cond:
+            self._batch.append(record)
+            self._queued += 1
+            if len(self._batch) == 1:
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._batch and not self._closing:
+                    self._cond.wait()
+                if not self._batch and self._closing:
+                    return
+            time.sleep(self._linger_s)  # let the batch fill: one wake-up for many lines
+            with self._cond:
+                batch, self._batch = self._batch, []
+            for record in batch:
+                self._target.handle(record)
+            self._target.flush()
+            with self._cond:
+                self._written += len(batch)
+                self._cond.notify_all()
+
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait until every record emitted so far is written."""
+        with self._cond:
+            goal = self._queued
+            self._cond.wait_for(lambda: self._written >= goal, timeout_s)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10.0)
+        super().close()
+
+
+_handoff: _Batches | None = None
+
+
+def flush() -> None:
+    """Wait until every record logged so far is written."""
+    if _handoff is not None:
+        _handoff.drain()
+
+
+def _stop_writer() -> None:
+    global _handoff
+    if _handoff is not None:
+        _handoff.close()  # writes what is still queued
+        _handoff = None
+
+
 def configure(level: str, fmt: str, *, access_log: bool = True, stream: Any = None) -> None:
     """Install the one root handler (stderr by default) in format ``text`` or ``json``.
 
     ``access_log=False`` silences the ``gateway.access`` logger. aiohttp's own access
     logger is always silenced: it prints the raw request line, presigned signature included.
     """
+    global _handoff
+    _stop_writer()
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(RequestIdFilter())
+    _handoff = _Batches(handler)
+    _handoff.addFilter(RequestIdFilter())  # here: the request id is this task's
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(handler)
+    root.addHandler(_handoff)
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     access = logging.getLogger(ACCESS_LOGGER)
     access.setLevel(logging.INFO if access_log else logging.WARNING)
+
+
+atexit.register(_stop_writer)

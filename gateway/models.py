@@ -43,6 +43,8 @@ class PartRef:
     etag: str
     # The part's checksum (base64) in the object's multipart checksum algorithm, if any.
     checksum: str | None = None
+    # CRC32C of the part's file, taken at ingest (local integrity checks); None if older.
+    crc32c: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,10 @@ class LocalObject:
     acked_s: float = 0.0  # wall clock of the acknowledgement
     # An older version of this key was sent (or is being sent) upstream by this gateway.
     flushed_before: bool = False
+    # CRC32C of the single body, taken at ingest (local integrity checks); None if older.
+    crc32c: int | None = None
+    # The body itself when it is small enough to live in the journal (no blob file then).
+    body: bytes | None = None
 
     @property
     def blob_ids(self) -> list[str]:

@@ -70,6 +70,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ack_drain
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
@@ -754,7 +755,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
-        "--sizes", default="4KiB,256KiB,4MiB", help="comma-separated object sizes (KiB/MiB)"
+        "--sizes", default="4KiB,64KiB,256KiB,1MiB", help="comma-separated object sizes (KiB/MiB)"
     )
     p.add_argument(
         "--iterations",
@@ -813,6 +814,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--keep", action="store_true", help="keep the work dir (data and log)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument(
+        "--drain-backlog",
+        type=int,
+        default=0,
+        help="also measure while the flusher drains this many 4 KiB objects (ack_drain.py; "
+        "the upstream is then the emulator in its own process)",
+    )
+    p.add_argument("--drain-cpu-objects", type=int, default=2000, help="see ack_drain.py")
+    p.add_argument("--emulator-latency-ms", type=float, default=5.0, help="with --drain-backlog")
     args = p.parse_args(argv)
     if args.gateway_endpoint and not args.admin:
         p.error("--gateway-endpoint needs --admin")
@@ -883,15 +893,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     paused = False
     failed = False
     before: dict[str, Any] = {}
+    emulator: ack_drain.Emulator | None = None
+    drained: ack_drain.DrainResult | None = None
     try:
         if own_gateway:
             assert work_dir is not None
+            gateway_args = list(args.gateway_arg)
+            if args.drain_backlog > 0:
+                emulator = ack_drain.Emulator(
+                    work_dir / "emulator.log", args.bucket, args.emulator_latency_ms
+                )
+                ack_drain.upstream_env()
+                gateway_args += ["--upstream-endpoint", emulator.url]
             gateway = GatewayProcess(
                 data_dir,
                 work_dir / "gateway.log",
                 args.access_key,
                 args.secret_key,
-                args.gateway_arg,
+                gateway_args,
             )
             report.config["gateway_argv"] = gateway.argv[1:]
             _say(f"starting gateway: {' '.join(gateway.argv)}")
@@ -927,6 +946,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_size(size, iterations, args.warmup, args.rounds, floor, client, prefix)
             )
 
+        if args.drain_backlog > 0 and gateway is not None and client is not None:
+            assert admin is not None
+            drain_client = client
+
+            def measure_again() -> list[SizeResult]:
+                assert floor is not None
+                return [
+                    run_size(s, n, args.warmup, args.rounds, floor, drain_client, prefix + "d/")
+                    for s, n in plan
+                ]
+
+            drained = ack_drain.run(
+                pid=gateway.proc.pid,
+                admin=admin,
+                admin_call=admin_call,
+                admin_status=admin_status,
+                make_client=lambda: LeanPutClient(
+                    endpoint, args.bucket, args.access_key, args.secret_key, args.region
+                ),
+                measure_sizes=measure_again,
+                backlog=args.drain_backlog,
+                cpu_objects=args.drain_cpu_objects,
+                prefix=prefix,
+                say=_say,
+            )
+            report.config["flushed_objects_during_run"] = 0  # flushing was on by design
+
         if args.journal_iterations > 0:
             _say("side figure: 4 KiB floor + SQLite WAL commit ...")
             report.side["disk floor + SQLite WAL commit (synchronous=FULL), 4 KiB"] = (
@@ -949,7 +995,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report.config["status_after_measurement"] = {
                 k: during.get(k) for k in ("pending_objects", "pending_bytes", "cache_used_bytes")
             }
-            if uploaded:
+            if uploaded and args.drain_backlog == 0:
                 report.notes.append(
                     f"{uploaded} objects were flushed upstream while flushing was paused"
                 )
@@ -990,6 +1036,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
         if gateway is not None:
             code, took = gateway.stop(args.stop_timeout)
+            if emulator is not None:
+                emulator.stop()
             report.config["gateway_exit_code"] = code
             report.config["gateway_stop_seconds"] = round(took, 2)
             if code is None:
@@ -1010,6 +1058,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failed:
         return 1
     print(render(report))
+    if drained is not None:
+        print("\n".join(ack_drain.render(drained, report.sizes)))
     if args.json is not None:
         args.json.write_text(json.dumps(to_json(report), indent=2) + "\n")
         _say(f"wrote {args.json}")

@@ -15,14 +15,18 @@ import asyncio
 import dataclasses
 import functools
 import hashlib
+import os
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from gateway.core.bodies import BodySource, FileSpan
 from gateway.errors import InvalidPartNumber, NoSuchBucket, NoSuchKey
-from gateway.models import BucketInfo, ListEntry, ObjectMeta
+from gateway.models import BucketInfo, ListEntry, LocalObject, ObjectMeta
+from gateway.store.journal import Journal
+from gateway.store.queue import FlushQueue
 from gateway.upstream.classify import Fatal
 from gateway.upstream.client import (
     PartSource,
@@ -327,3 +331,54 @@ class FakeUpstream:
             if only_key is None or only_key == key:
                 del faults[i]
                 raise exc
+
+
+async def claim_pending(journal: Journal, limit: int, now_s: float) -> list[LocalObject]:
+    """Claim up to ``limit`` pending rows eligible at ``now_s`` (wall), oldest first, as a
+    flusher without lanes or holds would: for tests of the journal itself."""
+    seqs = await journal.run_read(
+        lambda conn: [
+            int(r[0])
+            for r in conn.execute(
+                "SELECT seq FROM objects WHERE state = 'pending' AND not_before_s <= ? "
+                "ORDER BY seq LIMIT ?",
+                (now_s, limit),
+            )
+        ]
+    )
+    return await FlushQueue(journal).claim(seqs)
+
+
+async def until_changed(
+    journal: Journal, check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0
+) -> None:
+    """Wait until ``check()`` holds, checking again after every committed journal change
+    (no polling, no sleep)."""
+    changed = asyncio.Event()
+    journal.add_listener(changed.set)
+
+    async def wait() -> None:
+        while True:
+            changed.clear()  # before checking: a change during the check is not lost
+            if await check():
+                return
+            await changed.wait()
+
+    try:
+        await asyncio.wait_for(wait(), timeout_s)
+    finally:
+        journal.remove_listener(changed.set)
+
+
+async def source_bytes(source: BodySource) -> bytes:
+    """Every byte a GET's body source yields (file spans read with pread), then closed."""
+    out = bytearray()
+    try:
+        while (piece := await source.next_piece()) is not None:
+            if isinstance(piece, FileSpan):
+                out += os.pread(piece.fd, piece.count, piece.offset)
+            else:
+                out += piece
+    finally:
+        await source.aclose()
+    return bytes(out)

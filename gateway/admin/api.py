@@ -48,13 +48,13 @@ async def readyz(request: web.Request) -> web.Response:
     return _json({"ready": ready}, status=200 if ready else 503)
 
 
-async def lane_figures(svc: AdminServices) -> list[dict[str, Any]]:
-    """Per prefix lane: unflushed objects and bytes (journal) with the lane's flow control
-    (the rate it may send at: its bucket's shared budget, or its own when S3 throttles
-    its prefix on its own; uploads in flight, 503s, Retry-After pause). Lanes with nothing
-    pending, in flight or throttled are left out."""
+def lane_figures(svc: AdminServices) -> list[dict[str, Any]]:
+    """Per prefix lane: unflushed objects and bytes (kept in memory by the flush order)
+    with the lane's flow control (the rate it may send at: its bucket's shared budget, or
+    its own when S3 throttles its prefix on its own; uploads in flight, 503s, Retry-After
+    pause). Lanes with nothing pending, in flight or throttled are left out. O(lanes)."""
     flusher = svc.flusher
-    pending = await svc.journal.lanes(flusher.lanes.prefix_of)
+    pending = flusher.lane_backlog()
     control = {(s.bucket, s.prefix): s for s in flusher.lane_status()}
     budgets = {b.bucket: b.rate_per_s for b in flusher.budget_status()}
     ceiling = flusher.lanes.config.rate_per_s
@@ -84,7 +84,7 @@ async def lane_figures(svc: AdminServices) -> list[dict[str, Any]]:
 async def status(request: web.Request) -> web.Response:
     svc = request.app[ADMIN]
     stats = await svc.journal.stats()
-    lanes = await lane_figures(svc)
+    lanes = lane_figures(svc)
     flusher = svc.flusher.status()
     backlog = stats.backlog
     oldest = (
@@ -204,13 +204,14 @@ async def flush_resume(request: web.Request) -> web.Response:
 
 
 async def flush_retry(request: web.Request) -> web.Response:
-    count = await request.app[ADMIN].journal.retry_failed()
+    count = await request.app[ADMIN].flusher.retry_failed()
     return _json({"retried_objects": count})
 
 
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus exposition of ``gateway.metrics.REGISTRY``. Counters are recorded where
-    things happen; the gauges mirroring journal state are refreshed here, at scrape."""
+    things happen; the gauges mirroring journal state are refreshed here, at scrape, from
+    the figures kept in memory (O(lanes), no query)."""
     svc = request.app[ADMIN]
     stats = await svc.journal.stats()
     backlog = stats.backlog
@@ -225,7 +226,7 @@ async def metrics(request: web.Request) -> web.Response:
     # Lanes come and go: rebuild their series so a finished lane does not linger.
     for gauge in (gm.LANE_RATE, gm.LANE_PENDING_OBJECTS, gm.LANE_PENDING_BYTES):
         gauge.clear()
-    for lane in await lane_figures(svc):
+    for lane in lane_figures(svc):
         labels = (lane["bucket"], lane["prefix"])
         gm.LANE_RATE.labels(*labels).set(lane["rate_limit_per_s"])
         gm.LANE_PENDING_OBJECTS.labels(*labels).set(lane["pending_objects"])

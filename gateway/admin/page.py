@@ -1,28 +1,26 @@
 """The admin listener's status page (``GET /``) and the flush history it charts.
 
 The page is one static HTML file (inline CSS, JS and SVG: no CDN, works air-gapped) that
-polls ``/admin/v1/status`` and ``/admin/v1/history``. The history is sampled here, in the
-admin app, by one task owned by the app's ``cleanup_ctx``: every ``SAMPLE_EVERY_S`` it
-records the journal's flushed and pending totals into a bounded ring, so the page can draw
+polls ``/admin/v1/status`` and ``/admin/v1/history``. The history is kept here, in the
+admin app: the journal's flushed and pending totals (in-memory figures, O(1)) go into a
+bounded ring when they change, at most once per ``SAMPLE_EVERY_S``, so the page can draw
 the flush rate over the last ``HISTORY_S`` seconds without any state in the browser.
+Nothing runs on a timer: an idle gateway records nothing (the totals did not move, and the
+history endpoint appends the present), and nobody pays for a page nobody looks at.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import importlib.resources
-import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from gateway.clock import Clock
-from gateway.store.journal import Journal, Stats
-
-log = logging.getLogger(__name__)
+from gateway.store.figures import Stats
+from gateway.store.journal import Journal
 
 SAMPLE_EVERY_S = 2.0
 HISTORY_S = 15 * 60.0
@@ -107,6 +105,15 @@ class HistorySource:
     clock: Clock
     is_paused: Callable[[], bool] = lambda: False
     history: FlushHistory = field(default_factory=FlushHistory)
+    last_sample_s: float | None = None
+
+    def on_changes(self) -> None:
+        """Journal listener (after each committed group): sample if the last one is old
+        enough. O(1): the figures are in memory."""
+        now_s = self.clock.monotonic()
+        if self.last_sample_s is None or now_s - self.last_sample_s >= SAMPLE_EVERY_S:
+            self.last_sample_s = now_s
+            self.history.add(take_sample(self))
 
 
 HISTORY = web.AppKey("flush_history", HistorySource)
@@ -123,27 +130,17 @@ def sample_of(stats: Stats, at_s: float, is_paused: bool) -> Sample:
     )
 
 
-async def take_sample(src: HistorySource) -> Sample:
-    return sample_of(await src.journal.stats(), src.clock.wall(), src.is_paused())
-
-
-async def _sample_forever(app: web.Application) -> None:
-    while True:
-        try:
-            src = app[HISTORY]
-            src.history.add(await take_sample(src))
-        except Exception:  # the worker loop: one bad sample must not end the history
-            log.exception("flush history sample failed")
-        await asyncio.sleep(SAMPLE_EVERY_S)
+def take_sample(src: HistorySource) -> Sample:
+    return sample_of(src.journal.figures.stats(), src.clock.wall(), src.is_paused())
 
 
 async def history_sampler(app: web.Application) -> AsyncIterator[None]:
-    """cleanup_ctx: runs the sampler while the admin app is up; cancels it on cleanup."""
-    task = asyncio.create_task(_sample_forever(app), name="flush-history")
+    """cleanup_ctx: samples the totals as they change while the admin app is up."""
+    src = app[HISTORY]
+    src.history.add(take_sample(src))  # where the history starts
+    src.journal.add_listener(src.on_changes)
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    src.journal.remove_listener(src.on_changes)
 
 
 async def history(request: web.Request) -> web.Response:
@@ -151,7 +148,7 @@ async def history(request: web.Request) -> web.Response:
     flushed_objects, pending_bytes, pending_objects}, ...]}``, oldest first, with a fresh
     sample of this instant appended (not stored) so the last point is always current."""
     src = request.app[HISTORY]
-    now = await take_sample(src)
+    now = take_sample(src)
     samples = [s.as_json() for s in src.history.samples] + [now.as_json()]
     return web.json_response({"interval_seconds": SAMPLE_EVERY_S, "samples": samples})
 

@@ -1,16 +1,28 @@
 """BucketService: buckets live upstream; the gateway remembers which ones exist so writes
-keep being acknowledged while the upstream is unreachable."""
+keep being acknowledged while the upstream is unreachable.
+
+The first use of a bucket asks the upstream once (single flight): a burst of writes into
+a bucket not seen yet waits for that one HeadBucket instead of sending one per request,
+and a transient upstream failure (5xx, unreachable) is retried inside that one check, with
+a short backoff, rather than answered to every client as a 503.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from gateway.clock import Clock
-from gateway.errors import BucketNotEmpty, InvalidBucketName, SlowDown
+from gateway.errors import BucketNotEmpty, InvalidBucketName, S3Error, SlowDown
 from gateway.models import BucketInfo
 from gateway.store.blobs import BlobStore
+from gateway.store.buckets import BucketRecords
 from gateway.store.journal import Journal
 from gateway.upstream.client import Upstream
 
 _DELETE_WAIT_S = 10.0
+_CHECK_TRIES = 6  # a transient failure of the first check: retried after 0.05 s, 0.1 s, ...
+_CHECK_FIRST_DELAY_S = 0.05
 
 
 class BucketService:
@@ -22,19 +34,53 @@ class BucketService:
         self, journal: Journal, blobs: BlobStore, upstream: Upstream, clock: Clock
     ) -> None:
         self._journal = journal
+        self._records = BucketRecords(journal)
         self._blobs = blobs
         self._upstream = upstream
         self._clock = clock
         self._known: set[str] = set()
+        self._checks: dict[str, asyncio.Task[None]] = {}  # first checks in progress
 
     async def require(self, bucket: str) -> None:
         validate_bucket_name(bucket)
         if bucket in self._known:
             return
-        if not await self._journal.known_bucket(bucket):
-            await self._upstream.head_bucket(bucket)
-            await self._journal.remember_bucket(BucketInfo(bucket, self._clock.wall()))
+        check = self._checks.get(bucket)
+        if check is None:
+            check = asyncio.create_task(self._check(bucket), name=f"bucket check {bucket}")
+            self._checks[bucket] = check
+            check.add_done_callback(lambda done: self._check_done(bucket, done))
+        # Shielded: a client that goes away does not cancel the check the others wait for.
+        await asyncio.shield(check)
+
+    def _check_done(self, bucket: str, check: asyncio.Task[None]) -> None:
+        if self._checks.get(bucket) is check:
+            del self._checks[bucket]
+        if not check.cancelled():
+            check.exception()  # retrieved here too, in case every waiter went away
+
+    async def _check(self, bucket: str) -> None:
+        """Known from the journal, else one HeadBucket (transient failures retried)."""
+        if not await self._records.known_bucket(bucket):
+            delay_s = _CHECK_FIRST_DELAY_S
+            for attempt in range(1, _CHECK_TRIES + 1):
+                try:
+                    await self._upstream.head_bucket(bucket)
+                    break
+                except S3Error as exc:
+                    if exc.status < 500 or attempt == _CHECK_TRIES:
+                        raise  # NoSuchBucket, AccessDenied ...: every waiter gets it
+                await asyncio.sleep(delay_s)
+                delay_s *= 2
+            await self._records.remember_bucket(BucketInfo(bucket, self._clock.wall()))
         self._known.add(bucket)
+
+    async def close(self) -> None:
+        """Cancel first checks still running (shutdown)."""
+        for check in list(self._checks.values()):
+            check.cancel()
+            with contextlib.suppress(BaseException):
+                await check
 
     async def head_bucket(self, bucket: str) -> None:
         validate_bucket_name(bucket)
@@ -46,7 +92,7 @@ class BucketService:
     async def create_bucket(self, bucket: str, location: str | None) -> None:
         validate_bucket_name(bucket)
         await self._upstream.create_bucket(bucket, location)
-        await self._journal.remember_bucket(BucketInfo(bucket, self._clock.wall()))
+        await self._records.remember_bucket(BucketInfo(bucket, self._clock.wall()))
         self._known.add(bucket)
 
     async def delete_bucket(self, bucket: str) -> None:
@@ -61,7 +107,7 @@ class BucketService:
             raise SlowDown("Deletes in this bucket are still being flushed; retry shortly.")
         await self._upstream.delete_bucket(bucket)
         self._known.discard(bucket)
-        await self._blobs.discard(await self._journal.forget_bucket(bucket))
+        await self._blobs.discard(await self._records.forget_bucket(bucket))
 
 
 def validate_bucket_name(bucket: str) -> None:

@@ -169,7 +169,10 @@ class CopyService:
                 blob_id = None
             else:  # single body (an empty object has a blob too; a missing one stays None)
                 parts, blob_id = (), (linked[0] if linked else None)
-            _, superseded = await self._journal.commit_copy(meta, blob_id, parts, now)
+            # An inline source (no files) is copied as bytes: it is small by definition.
+            _, superseded = await self._journal.commit_copy(
+                meta, blob_id, parts, now, crc32c=source.crc32c, body=source.body
+            )
         except BaseException:
             await asyncio.shield(self._blobs.discard(linked))
             raise
@@ -194,7 +197,9 @@ class CopyService:
                 etag=blob.digests["md5"].hex(),
                 checksums={},
             )
-            _, superseded = await self._journal.commit_put(meta, blob.blob_id, now)
+            _, superseded = await self._journal.commit_put(
+                meta, blob.blob_id, now, crc32c=blob.crc32c
+            )
         except BaseException:
             await asyncio.shield(self._blobs.discard([blob.blob_id]))
             raise
@@ -228,6 +233,10 @@ class CopyService:
             _require_version(local, req.source_key)
             check_source(req.conditions, local.meta)
             first, length = self._part_range(req.byte_range, local.meta.size_bytes)
+            if local.body is not None:  # stored inline: the range is in the row
+                piece = local.body[first : first + length]
+                blob = await self._blobs.write(_pieces_of(piece), algorithms)
+                break
             try:
                 files = await asyncio.to_thread(self._open_all, local.blob_ids)
             except FileNotFoundError:
@@ -251,6 +260,7 @@ class CopyService:
             blob.digests["md5"].hex(),
             {a: b64(blob.digests[a]) for a in extra},
             self._clock.wall(),
+            blob.crc32c,
         )
         try:
             replaced = await self._uploads.put_part(req.upload_id, part)
@@ -381,6 +391,11 @@ def _close_all(files: list[BinaryIO]) -> None:
     for fobj in files:
         with contextlib.suppress(OSError):
             fobj.close()
+
+
+async def _pieces_of(data: bytes) -> AsyncIterator[bytes]:
+    if data:
+        yield data
 
 
 async def _nothing() -> AsyncIterator[bytes]:

@@ -1,8 +1,11 @@
-"""Ingest: stream a request body to a new blob and check it against what the client promised.
+"""Ingest: take a request body and check it against what the client promised.
 
-Shared by PutObject and UploadPart so both verify exactly the same way. On any failure the
-blob is removed before the error propagates: nothing half-written is ever referenced. A body
-with no declared length grows its capacity reservation as it is written.
+Shared by PutObject and UploadPart so both verify exactly the same way. A body that is
+declared no longer than ``inline_max_bytes`` is held in memory, to be stored inside the
+journal row (a small PUT is then durable with one grouped journal commit); any other body
+streams to a new blob file. On any failure the blob is removed before the error
+propagates: nothing half-written is ever referenced. A body with no declared length grows
+its capacity reservation as it is written.
 """
 
 from __future__ import annotations
@@ -22,32 +25,52 @@ from gateway.errors import (
     XAmzContentSHA256Mismatch,
 )
 from gateway.models import PutRequest, RequestBody
-from gateway.store.blobs import BlobStore, WrittenBlob
+from gateway.store.blobs import BlobStore, Ingested, WrittenBlob
 from gateway.store.space import Grant, current_grant
 
 MAX_KEY_BYTES = 1024
 
 
 async def ingest(
-    blobs: BlobStore, req: PutRequest, body: RequestBody, *, max_bytes: int
-) -> tuple[WrittenBlob, dict[str, str]]:
-    """Write ``body`` durably and verify it; returns the blob and its verified checksums."""
+    blobs: BlobStore,
+    req: PutRequest,
+    body: RequestBody,
+    *,
+    max_bytes: int,
+    inline_max_bytes: int = 0,
+) -> tuple[Ingested, dict[str, str]]:
+    """Take ``body`` (a durable blob file, or bytes for the journal when the client declared
+    at most ``inline_max_bytes``) and verify it; returns it and its verified checksums."""
     algorithms = {"md5", *req.checksums}
     if req.trailer_checksum:
         algorithms.add(req.trailer_checksum)
     if req.payload_sha256:
         algorithms.add("sha256")
-    chunks = body.chunks()
-    grant = current_grant()
-    if req.content_length is None and grant is not None:
-        chunks = _reserved_as_written(chunks, grant)
-    blob = await blobs.write(chunks, algorithms, max_bytes=max_bytes)
+    length = req.content_length
+    taken: Ingested
+    if length is not None and length <= min(inline_max_bytes, max_bytes):
+        taken = await blobs.hold(body.chunks(), algorithms, max_bytes=length)
+    else:
+        chunks = body.chunks()
+        grant = current_grant()
+        if length is None and grant is not None:
+            chunks = _reserved_as_written(chunks, grant)
+        taken = await blobs.write(chunks, algorithms, max_bytes=max_bytes)
     try:
-        _verify(req, body, blob)
+        _verify(req, body, taken)
     except BaseException:
-        await asyncio.shield(blobs.discard([blob.blob_id]))
+        await asyncio.shield(blobs.discard(taken.blob_ids))
         raise
-    return blob, _checksums(req, blob)
+    return taken, _checksums(req, taken)
+
+
+async def ingest_file(
+    blobs: BlobStore, req: PutRequest, body: RequestBody, *, max_bytes: int
+) -> tuple[WrittenBlob, dict[str, str]]:
+    """``ingest`` into a blob file always (parts of multipart uploads)."""
+    taken, checksums = await ingest(blobs, req, body, max_bytes=max_bytes)
+    assert isinstance(taken, WrittenBlob)
+    return taken, checksums
 
 
 async def _reserved_as_written(chunks: AsyncIterator[bytes], grant: Grant) -> AsyncIterator[bytes]:
@@ -66,7 +89,7 @@ def validate_key(key: str) -> None:
         raise KeyTooLongError(Key=key[:64] + "...")
 
 
-def _verify(req: PutRequest, body: RequestBody, blob: WrittenBlob) -> None:
+def _verify(req: PutRequest, body: RequestBody, blob: Ingested) -> None:
     """Check what the client promised against what arrived; raise the S3 error S3 raises."""
     if req.content_length is not None and blob.size_bytes != req.content_length:
         raise IncompleteBody()
@@ -99,7 +122,7 @@ def _mismatch(algorithm: str) -> BadDigest:
     )
 
 
-def _checksums(req: PutRequest, blob: WrittenBlob) -> dict[str, str]:
+def _checksums(req: PutRequest, blob: Ingested) -> dict[str, str]:
     names = set(req.checksums) | ({req.trailer_checksum} if req.trailer_checksum else set())
     return {name: b64(blob.digests[name]) for name in sorted(names)}
 

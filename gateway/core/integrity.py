@@ -9,12 +9,11 @@ truncation or a replacement changes one of them; the next read verifies again. M
 that changes no metadata is not seen by the memo: ``gateway verify`` (the scrub) re-hashes
 everything, and the memo is empty after every restart.
 
-What each file must hash to is chosen by ``blob_checks``: the fastest digest recorded for
-it (a full-object ``x-amz-checksum-*`` value the client sent and ingest verified, e.g. the
-CRC-32 boto3 sends by default; else the MD5 of its ETag). That function is the seam for a
-CRC-32C recorded for every blob at ingest: return it there and every first read verifies
-at CRC-32C speed; the memo, the single-flight hash and the hold-back of the last piece
-(bodies.py) stay as they are.
+What each file must hash to is chosen by ``blob_checks``: the CRC-32C stored for it at
+ingest (store/integrity.py says why that proves the acknowledged bytes), else the fastest
+other digest recorded for it (a full-object ``x-amz-checksum-*`` value the client sent and
+ingest verified; else the MD5 of its ETag), for rows written before the CRC-32C was stored
+and copies fetched from the upstream.
 
 Loop affinity: ``BlobVerifier`` lives on the event loop; hashing runs in its own threads, so
 a burst of first reads never starves the default executor that ingest writes use.
@@ -66,9 +65,11 @@ def blob_checks(local: LocalObject) -> list[BlobCheck] | None:
 
     A single body file: a full-object ``x-amz-checksum-*`` value stored at ingest, else the
     MD5 of a plain ETag. A part: its own checksum in the object's checksum algorithm, else
-    its MD5 (the part ETag). A CRC-32C recorded for every blob at ingest slots in here.
+    its MD5 (the part ETag). A CRC-32C stored at ingest comes before all of them.
     """
     if local.parts:
+        if all(part.crc32c is not None for part in local.parts):
+            return [_crc32c_check(p.blob_id, p.crc32c) for p in local.parts if p.crc32c is not None]
         algorithm = (
             next(iter(local.meta.checksums), None) if len(local.meta.checksums) == 1 else None
         )
@@ -84,6 +85,8 @@ def blob_checks(local: LocalObject) -> list[BlobCheck] | None:
         return checks
     if local.blob_id is None:
         return None
+    if local.crc32c is not None:
+        return [_crc32c_check(local.blob_id, local.crc32c)]
     for algorithm in _FASTEST_FIRST:
         if algorithm == "md5":
             md5 = _md5(local.meta.etag)
@@ -95,6 +98,10 @@ def blob_checks(local: LocalObject) -> list[BlobCheck] | None:
         if stored is not None:
             return [BlobCheck(local.blob_id, algorithm, stored)]
     return None
+
+
+def _crc32c_check(blob_id: str, crc32c: int) -> BlobCheck:
+    return BlobCheck(blob_id, "crc32c", crc32c.to_bytes(4, "big"))
 
 
 def _md5(etag: str) -> bytes | None:

@@ -18,7 +18,7 @@ from gateway.checksums import CHECKSUM_ALGORITHMS, composite, full_object, is_cr
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
-from gateway.core.ingest import ingest, validate_key
+from gateway.core.ingest import ingest_file, validate_key
 from gateway.errors import (
     BadDigest,
     EntityTooSmall,
@@ -131,7 +131,7 @@ class MultipartService:
     async def _put_part(
         self, req: PutRequest, upload_id: str, part_number: int, body: RequestBody
     ) -> Part:
-        blob, checksums = await ingest(self._blobs, req, body, max_bytes=self._max_part_bytes)
+        blob, checksums = await ingest_file(self._blobs, req, body, max_bytes=self._max_part_bytes)
         part = Part(
             part_number,
             blob.blob_id,
@@ -139,6 +139,7 @@ class MultipartService:
             blob.digests["md5"].hex(),
             checksums,
             self._clock.wall(),
+            blob.crc32c,
         )
         try:
             replaced = await self._uploads.put_part(upload_id, part)
@@ -202,7 +203,11 @@ class MultipartService:
         algorithm = upload.checksum_algorithm
         refs = tuple(
             PartRef(
-                p.blob_id, p.size_bytes, p.etag, p.checksums.get(algorithm) if algorithm else None
+                p.blob_id,
+                p.size_bytes,
+                p.etag,
+                p.checksums.get(algorithm) if algorithm else None,
+                p.crc32c,
             )
             for p in chosen
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway import metrics
@@ -29,9 +29,10 @@ from gateway.core.fills import FillManager
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.integrity import BlobVerifier, blob_checks
 from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range
-from gateway.errors import InvalidRange, NoSuchKey, NotModified
+from gateway.errors import InternalError, InvalidRange, NoSuchKey, NotModified
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
+from gateway.store.integrity import body_digests, check_bytes
 from gateway.store.journal import Journal, RowCheck
 from gateway.store.space import CacheSpace
 from gateway.upstream.client import Upstream
@@ -94,6 +95,7 @@ class ObjectService:
         space: CacheSpace | None = None,
         fill_config: FillConfig | None = None,
         budget: BandwidthBudget | None = None,
+        inline_max_bytes: int = 64 << 10,
     ) -> None:
         self._journal = journal
         self._blobs = blobs
@@ -101,6 +103,7 @@ class ObjectService:
         self._buckets = buckets
         self._clock = clock
         self._max_object_bytes = max_object_bytes
+        self._inline_max_bytes = inline_max_bytes
         self._space = space
         self.verifier = BlobVerifier()
         config = fill_config or FillConfig(max_object_bytes=max_object_bytes)
@@ -117,7 +120,13 @@ class ObjectService:
         return await admitted(self._space, req.content_length or 0, self._put(req, body, check))
 
     async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:
-        blob, checksums = await ingest(self._blobs, req, body, max_bytes=self._max_object_bytes)
+        blob, checksums = await ingest(
+            self._blobs,
+            req,
+            body,
+            max_bytes=self._max_object_bytes,
+            inline_max_bytes=self._inline_max_bytes,
+        )
         try:
             meta = ObjectMeta(
                 bucket=req.bucket,
@@ -131,10 +140,10 @@ class ObjectService:
                 checksums=checksums,
             )
             _, superseded = await self._journal.commit_put(
-                meta, blob.blob_id, self._clock.wall(), check
+                meta, blob.blob_id, self._clock.wall(), check, crc32c=blob.crc32c, body=blob.body
             )
         except BaseException:
-            await asyncio.shield(self._blobs.discard([blob.blob_id]))
+            await asyncio.shield(self._blobs.discard(blob.blob_ids))
             raise
         await self._blobs.discard(superseded)
         return meta
@@ -203,6 +212,8 @@ class ObjectService:
             head = select(local, read)
             if head.is_not_modified:
                 return ObjectBody(head, NoBody())
+            if local.body is not None:
+                return await self._inline_body(local, head)
             try:
                 source = await self._local_source(local, head)
             except FileNotFoundError:
@@ -232,6 +243,21 @@ class ObjectService:
             # Indexed like ``fds``; known good files among them are skipped inside.
             verification = self.verifier.start(files, self._corrupt_hook(local))
         return LocalSource(fds, pieces, verification)
+
+    async def _inline_body(self, local: LocalObject, head: ObjectHead) -> ObjectBody:
+        """A body stored in the journal row: checked before anything is sent (it is small:
+        checking costs less than deciding whether to), then served from memory."""
+        assert local.body is not None
+        problem = check_bytes(local.body, body_digests(local)[0])
+        if problem is not None:
+            message = f"local corruption: inline body: {problem}"
+            await self.report_corrupt(local, message)
+            raise InternalError(message)
+        if self._space is not None:
+            self._space.touch(local.meta.bucket, local.meta.key)
+        size = local.meta.size_bytes
+        span = head.byte_range or ByteRange(0, size - 1, size)
+        return ObjectBody(head, ChunkSource(_one_piece(local.body[span.start : span.end + 1])))
 
     async def _upstream_get(self, bucket: str, key: str, read: ReadOptions) -> ObjectBody | None:
         """Read-through. A whole GET, or a range of an object someone else reads too,
@@ -349,3 +375,8 @@ def _condition_headers(cond: Preconditions) -> dict[str, str]:
         "If-Unmodified-Since": cond.if_unmodified_since,
     }
     return {name: value for name, value in pairs.items() if value is not None}
+
+
+async def _one_piece(data: bytes) -> AsyncIterator[bytes]:
+    if data:
+        yield data

@@ -10,6 +10,12 @@ Worker contract (after Garage's workers and rclone's write-back queue):
 - ``stop(deadline)`` stops claiming, lets uploads finish until the deadline, then cancels
   them; what is left is pending on disk and resumes at the next start.
 
+Claims: pending rows are ordered in memory per lane (``FlushOrder``, loaded from the
+journal at start and kept by its changes), so a claim costs what it hands out: a full or
+paused lane is parked, not skipped row by row. The loop sleeps until something can happen:
+a new row in a lane with room, an upload finishing, or the next timer (a backoff, a hold,
+the write-back delay); a throttled or idle gateway does not spin.
+
 Flow control: claims go through ``FlushPolicy`` (write-back delay, temp holds, lane room,
 commit ordering); every request then passes ``_slot``: first its admission by ``Lanes``
 (the bucket's adaptive budget, shared by its lanes in fair rounds, oldest work first, and
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -41,14 +48,16 @@ from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
 from gateway.flush.lanes import Lane, LaneConfig, Lanes, LaneStatus, Ticket
+from gateway.flush.order import FlushOrder
 from gateway.flush.orphans import UpstreamUploads
 from gateway.flush.parts import split_parts
 from gateway.flush.policy import FlushPolicy, PolicyConfig
 from gateway.flush.ratelimit import TokenBucket
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
+from gateway.store.integrity import BodyDigest, body_digests, check_bytes, check_fd
 from gateway.store.journal import Journal
-from gateway.store.verify import md5_of_file
+from gateway.store.queue import FlushQueue
 from gateway.upstream.classify import (
     Corrupt,
     Fatal,
@@ -62,13 +71,13 @@ from gateway.upstream.classify import (
 from gateway.upstream.client import PartSource, RequestRunner, Upstream
 
 log = logging.getLogger(__name__)
-_IDLE_POLL_S = 1.0  # re-check for rows whose backoff has expired
 _REQUEST_TRIES = 8  # tries of one part (or completion) before the whole upload is retried
 _SWEEP_INTERVAL_S = 60.0  # how often recorded, no longer open upstream uploads are aborted
 # Upload tasks at most, per global slot: tasks waiting for their lane's tokens take no slot,
 # but each holds an open blob, so their number is still bounded.
 _TASKS_PER_SLOT = 4
 _TIMER_MIN_S = 0.001  # shortest sleep of the admission timer
+_CLAIM_RETRY_S = 1.0  # pause after a claim the journal failed
 T = TypeVar("T")
 
 
@@ -109,6 +118,7 @@ class Flusher:
         multipart_threshold_bytes: int = 64 << 20,
     ) -> None:
         self._journal = journal
+        self._queue = FlushQueue(journal)
         self._blobs = blobs
         self._upstream = upstream
         self._clock = clock
@@ -118,6 +128,8 @@ class Flusher:
         # count as in flight in Lanes, so a budget held back by those caps does not grow.
         self.lanes = Lanes(lanes or LaneConfig(), flow or RateConfig(), concurrency)
         self.policy = FlushPolicy(policy or PolicyConfig(write_back_delay_s=0.0), self.lanes)
+        self.order = FlushOrder(self.policy, journal.figures)
+        self._is_attached = False
         now_s = clock.monotonic()
         self._requests = TokenBucket(rate_per_s, rate_burst, now_s)
         self._bandwidth = TokenBucket(
@@ -141,6 +153,8 @@ class Flusher:
         self._retries = 0
         self._throttles = 0
         self._last_error: str | None = None
+        self.claim_rounds = 0  # times the loop looked for work (wake-ups): see tests
+        self.empty_rounds = 0  # ... and found none
 
     # -- control -------------------------------------------------------------------------
 
@@ -166,6 +180,25 @@ class Flusher:
         """Per bucket: the adaptive budget its lanes share."""
         return self.lanes.budgets()
 
+    def lane_backlog(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Unflushed objects and bytes per (bucket, lane prefix) (from memory)."""
+        return self.order.backlog()
+
+    async def retry_failed(self) -> int:
+        """Operator request: every failed row becomes pending again. Returns how many."""
+        return await self._queue.retry_failed()
+
+    def wake(self) -> None:
+        """Look for work now (e.g. after a test moved its clock)."""
+        self.order.wakeup.set()
+
+    async def attach(self) -> None:
+        """Load the pending rows from the journal; ``run`` does it if it was not done.
+        Call it before the gateway serves, so the load does not hold up the first writes."""
+        if not self._is_attached:
+            self._is_attached = True
+            await self._journal.subscribe(self.order)
+
     def status(self) -> FlusherStatus:
         state = "stopped" if self._stopping else ("paused" if self.is_paused else "running")
         return FlusherStatus(
@@ -181,7 +214,7 @@ class Flusher:
     async def stop(self, deadline_s: float) -> None:
         """Stop claiming; wait for uploads until ``deadline_s`` seconds pass, then cancel."""
         self._stopping = True
-        self._journal.pending_event.set()
+        self.order.wakeup.set()
         self._resumed.set()
         self._room.set()
         if self._tasks:
@@ -195,31 +228,58 @@ class Flusher:
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        await self._abort_abandoned_uploads()
-        while not self._stopping:
-            await self._resumed.wait()
-            if self._stopping:
-                break
-            room = self._claim_room()
-            if room <= 0:
-                self._room.clear()
-                await self._room.wait()
-                continue
-            self._journal.pending_event.clear()
-            claimed = await self._journal.claim(
-                room,
-                self._clock.wall(),
-                self.policy.round(self._clock.monotonic()),
-            )
-            if self._stopping or self.is_paused:
-                await self._journal.release(claimed.objects)
-                continue
-            for obj in claimed.objects:
-                self._spawn(obj)
-            if self._clock.monotonic() - self._last_sweep_s > _SWEEP_INTERVAL_S:
-                await self._abort_abandoned_uploads()
-            if not claimed.objects:
-                await self._idle(claimed.wake_s)
+        await self.attach()
+        try:
+            await self._abort_abandoned_uploads()
+            while not self._stopping:
+                await self._resumed.wait()
+                if self._stopping:
+                    break
+                room = self._claim_room()
+                if room <= 0:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                self.order.wakeup.clear()  # before looking: what comes after wakes us
+                self.claim_rounds += 1
+                seqs = self.order.take(room, self._clock.wall(), self._clock.monotonic())
+                if seqs and not await self._claimed_ok(seqs):
+                    continue
+                if self._clock.monotonic() - self._last_sweep_s > _SWEEP_INTERVAL_S:
+                    await self._abort_abandoned_uploads()
+                if len(seqs) < room:  # the order had no more: wait until it may have
+                    self.empty_rounds += not seqs
+                    await self._idle()
+        finally:
+            self._journal.unsubscribe(self.order)
+
+    async def _claimed_ok(self, seqs: list[int]) -> bool:
+        """``_claim``, kept from ending the loop: a journal that fails a claim (disk error,
+        locked database) is logged and the claim tried again after a pause; the rows stay
+        queued. False after such a failure."""
+        try:
+            await self._claim(seqs)
+        except Exception:
+            log.exception("flush claim failed; trying again in %.0fs", _CLAIM_RETRY_S)
+            await asyncio.sleep(_CLAIM_RETRY_S)
+            return False
+        return True
+
+    async def _claim(self, seqs: list[int]) -> None:
+        """Claim ``seqs`` in the journal and start their uploads."""
+        try:
+            claimed = await self._queue.claim(seqs)
+        except BaseException:
+            self.order.restore(seqs)  # nothing moved in the journal: they stay queued
+            raise
+        finally:
+            self.order.claimed(seqs)
+        if self._stopping or self.is_paused:
+            await self._queue.release(claimed)
+            return
+        for obj in claimed:
+            self._spawn(obj)
+        self.order.settle(self._clock.monotonic())
 
     def _claim_room(self) -> int:
         """How many rows to claim now: free global slots, counting a task waiting for its
@@ -228,17 +288,14 @@ class Flusher:
         bound = _TASKS_PER_SLOT * self._concurrency
         return min(self._concurrency - active, bound - len(self._tasks))
 
-    async def _idle(self, held_until_s: float | None) -> None:
-        """Sleep until new work, a finished upload, or the next held/backed-off row."""
-        wake = [self._clock.wall() + _IDLE_POLL_S]
-        if held_until_s is not None:
-            wake.append(held_until_s)
-        next_s = await self._journal.next_retry_s()
-        if next_s is not None:
-            wake.append(next_s)
-        wait_s = max(0.0, min(wake) - self._clock.wall())
+    async def _idle(self) -> None:
+        """Sleep until the order has something new (a row in a lane with room, an upload
+        finished) or its next timer fires (a backoff, a hold, a paused lane); nothing else
+        wakes the loop, so a throttled, paused or idle gateway costs no CPU."""
+        due_s = self.order.next_due_s()
+        wait_s = None if due_s is None else max(0.0, due_s - self._clock.wall())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._journal.pending_event.wait(), wait_s)
+            await asyncio.wait_for(self.order.wakeup.wait(), wait_s)
 
     async def _abort_abandoned_uploads(self) -> None:
         """Abort recorded upstream multipart uploads that no upload task has open: left by
@@ -275,7 +332,7 @@ class Flusher:
             await self._flush(obj, lane)
         finally:
             lane.in_flight -= 1
-            self._journal.pending_event.set()  # the lane has room again
+            self.order.on_room(obj.meta.bucket, obj.meta.key)  # the lane has room again
 
     async def _flush(self, obj: LocalObject, lane: Lane) -> None:
         """Upload one version and record the outcome. MUST NOT raise (but CancelledError):
@@ -295,7 +352,7 @@ class Flusher:
             return
         self._uploads_ok += 1
         try:
-            is_recorded = await self._journal.mark_durable(obj)
+            is_recorded = await self._queue.mark_durable(obj)
         except Exception:  # the upload stands; the row is flushed again after a restart
             log.exception("could not record the flush of %s", _name(obj))
             return
@@ -401,18 +458,25 @@ class Flusher:
             async with self._slot(lane, obj.seq, 1, 0):
                 await self._upstream.delete_object(obj.meta.bucket, obj.meta.key)
             return
-        with contextlib.ExitStack() as files:
+        if obj.body is not None:
+            await self._upload_inline(obj, lane, obj.body)
+            return
+        async with contextlib.AsyncExitStack() as files:
             try:
-                opened = [files.enter_context(self._blobs.path(b).open("rb")) for b in obj.blob_ids]
+                # Opened and closed in a thread: an open can wait on the disk, and the last
+                # close of a superseded (unlinked) blob frees its blocks.
+                opened = await asyncio.to_thread(_open_all, self._blobs, obj.blob_ids)
+                files.push_async_callback(asyncio.to_thread, _close_all, opened)
             except FileNotFoundError as exc:
                 # Only a superseded version's blob is ever unlinked: nothing to upload, the
                 # newer version has its own row. A blob missing for a live row is a fault.
                 if await self._is_superseded(obj):
                     raise _Superseded() from exc
                 raise Fatal(f"local body missing: {exc}") from exc
+            digests = body_digests(obj)
             if obj.parts:
-                for part_file, part in zip(opened, obj.parts, strict=True):
-                    await _require_md5(part_file, part.etag)  # as for single bodies below
+                for part_file, digest in zip(opened, digests, strict=True):
+                    await _require_intact(part_file, digest)  # as for single bodies below
                 sources = [
                     PartSource(f, p.size_bytes, p.etag)
                     for f, p in zip(opened, obj.parts, strict=True)
@@ -422,13 +486,13 @@ class Flusher:
                 # Part MD5s are computed from the file here, so the upstream cannot catch a
                 # corrupt body: the same pass checks it against the acked MD5.
                 sources, expected = await split_parts(
-                    opened[0], obj.meta.size_bytes, require_md5=obj.meta.etag
+                    opened[0], obj.meta.size_bytes, require=digests[0]
                 )
             else:
                 # Content-MD5 lets S3 refuse a corrupt body, but not every S3-compatible
                 # upstream checks it (moto does not): a bad body MUST NOT become the
                 # bucket's latest version, so check before sending (usually page cache).
-                await _require_md5(opened[0], obj.meta.etag)
+                await _require_intact(opened[0], digests[0])
                 async with self._slot(lane, obj.seq, 1, obj.meta.size_bytes):
                     etag = await self._upstream.put_object(obj.meta, opened[0])
                 _check_etag(etag, obj.meta.etag)
@@ -443,6 +507,15 @@ class Flusher:
 
             etag = await self._put_multipart(obj, sources, run)
         _check_etag(etag, expected)
+
+    async def _upload_inline(self, obj: LocalObject, lane: Lane, body: bytes) -> None:
+        """A body stored in the journal: checked in memory (microseconds), sent from it."""
+        problem = check_bytes(body, body_digests(obj)[0])
+        if problem is not None:
+            raise Corrupt(f"body {problem}")
+        async with self._slot(lane, obj.seq, 1, obj.meta.size_bytes):
+            etag = await self._upstream.put_object(obj.meta, io.BytesIO(body))
+        _check_etag(etag, obj.meta.etag)
 
     async def _send_request(
         self, lane: Lane, order: int, size_bytes: int, send: Callable[[], Awaitable[T]]
@@ -505,7 +578,7 @@ class Flusher:
                 if isinstance(exc, Corrupt):
                     metrics.CORRUPT_BLOBS.inc()
                 log.error("flush of %s failed permanently: %s", _name(obj), error)
-                await self._journal.mark_failed(obj, error)
+                await self._queue.mark_failed(obj, error)
                 return
             self._note_transient(lane, exc)
             # A throttle is paced by the bucket's (cut) budget: the row's own backoff does
@@ -519,7 +592,7 @@ class Flusher:
                 delay,
                 error,
             )
-            await self._journal.retry_later(obj, error, self._clock.wall() + delay)
+            await self._queue.retry_later(obj, error, self._clock.wall() + delay)
         except Exception:
             log.exception("could not record the failed flush of %s", _name(obj))
 
@@ -529,10 +602,29 @@ def _name(obj: LocalObject) -> str:
     return printable(f"{obj.meta.bucket}/{obj.meta.key}")
 
 
-async def _require_md5(body: BinaryIO, md5_hex: str) -> None:
-    got = await asyncio.to_thread(md5_of_file, body)
-    if "-" not in md5_hex and got != md5_hex:
-        raise Corrupt(f"body MD5 {got} differs from the acked {md5_hex}")
+def _open_all(blobs: BlobStore, blob_ids: list[str]) -> list[BinaryIO]:
+    """Open every body file of a version (blocking); none is left open if one is missing."""
+    opened: list[BinaryIO] = []
+    try:
+        for blob_id in blob_ids:
+            opened.append(blobs.path(blob_id).open("rb"))
+    except BaseException:
+        _close_all(opened)
+        raise
+    return opened
+
+
+def _close_all(files: list[BinaryIO]) -> None:
+    for f in files:
+        with contextlib.suppress(OSError):
+            f.close()
+
+
+async def _require_intact(body: BinaryIO, digest: BodyDigest) -> None:
+    """The body file still holds what was acked (stored CRC32C, or MD5 for older rows)."""
+    problem = await asyncio.to_thread(check_fd, body.fileno(), digest)
+    if problem is not None:
+        raise Corrupt(f"body {problem}")
 
 
 def _check_etag(got: str, expected: str) -> None:

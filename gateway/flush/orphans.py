@@ -26,6 +26,7 @@ import uuid
 
 from gateway.clock import Clock
 from gateway.store.journal import Journal
+from gateway.store.records import UpstreamUploadRecords
 from gateway.upstream.classify import FlushError
 from gateway.upstream.client import Upstream
 
@@ -37,7 +38,7 @@ class UpstreamUploads:
     """The journal's record of upstream uploads, and the sweep that aborts abandoned ones."""
 
     def __init__(self, journal: Journal, upstream: Upstream, clock: Clock) -> None:
-        self._journal = journal
+        self._records = UpstreamUploadRecords(journal)
         self._upstream = upstream
         self._clock = clock
         self._open: set[str] = set()
@@ -49,27 +50,27 @@ class UpstreamUploads:
         """Record the intent to create an upload of ``key``; returns the intent's id."""
         intent = INTENT_PREFIX + uuid.uuid4().hex
         self._open.add(intent)
-        await self._journal.record_upstream_upload(intent, bucket, key, self._clock.wall())
+        await self._records.record_upstream_upload(intent, bucket, key, self._clock.wall())
         return intent
 
     async def end(self, intent: str) -> None:
         """The upload begun as ``intent`` is completed or aborted (its own row is gone)."""
         self._open.discard(intent)
-        await self._journal.forget_upstream_upload(intent)
+        await self._records.forget_upstream_upload(intent)
 
     async def track(self, upload_id: str, bucket: str, key: str, done: bool) -> None:
         """``UploadTracker`` for ``Upstream.put_multipart``: the upload's own row."""
         if done:
             self._open.discard(upload_id)
-            await self._journal.forget_upstream_upload(upload_id)
+            await self._records.forget_upstream_upload(upload_id)
         else:
             self._open.add(upload_id)
-            await self._journal.record_upstream_upload(upload_id, bucket, key, self._clock.wall())
+            await self._records.record_upstream_upload(upload_id, bucket, key, self._clock.wall())
 
     async def sweep(self) -> None:
         """Abort every recorded upload, or upload matching a recorded intent, that no task
         holds open. Uploads known by id go first, so an intent finds only the unknown ones."""
-        records = await self._journal.upstream_upload_records()
+        records = await self._records.upstream_upload_records()
         records.sort(key=lambda r: r[0].startswith(INTENT_PREFIX))
         for upload_id, bucket, key, _ in records:
             if upload_id in self._open:
@@ -83,7 +84,7 @@ class UpstreamUploads:
                         "aborted abandoned upstream upload %s of %s/%s", upload_id, bucket, key
                     )
             if gone:
-                await self._journal.forget_upstream_upload(upload_id)
+                await self._records.forget_upstream_upload(upload_id)
 
     async def _abort_unknown(self, bucket: str, key: str) -> bool:
         """Abort the open uploads of exactly ``key`` that no task holds; True when none is

@@ -10,6 +10,7 @@ import io
 import os
 from typing import BinaryIO
 
+from gateway.store.integrity import BodyCheck, BodyDigest
 from gateway.upstream.classify import Corrupt
 from gateway.upstream.client import PartSource
 
@@ -63,36 +64,38 @@ class FileWindow(io.RawIOBase):
         return self._length
 
 
-def _md5s_of(windows: list[FileWindow]) -> tuple[list[str], str]:
-    """Each window's MD5 hex and the MD5 hex of them all in order, in one read. Blocking."""
-    whole = hashlib.md5()
+def _md5s_of(windows: list[FileWindow], check: BodyCheck | None) -> list[str]:
+    """Each window's MD5 hex, in one read that also feeds ``check``. Blocking."""
     md5s = []
     for window in windows:
         digest = hashlib.md5()
         window.seek(0)
         while piece := window.read(_HASH_PIECE_BYTES):
             digest.update(piece)
-            whole.update(piece)
+            if check is not None:
+                check.update(piece)
         window.seek(0)
         md5s.append(digest.hexdigest())
-    return md5s, whole.hexdigest()
+    return md5s
 
 
 async def split_parts(
-    body: BinaryIO, size_bytes: int, *, require_md5: str | None = None
+    body: BinaryIO, size_bytes: int, *, require: BodyDigest | None = None
 ) -> tuple[list[PartSource], str]:
     """Parts over ``body`` (an open blob file) and the multipart ETag they will produce.
-    With ``require_md5`` (a single-part ETag), the same read checks the whole body against
-    it and raises ``Corrupt`` on a mismatch: part MD5s computed from a changed file would
-    otherwise let the upstream accept it."""
+    With ``require`` (the body's digest from ingest), the same read checks the whole body
+    against it and raises ``Corrupt`` on a mismatch: part MD5s computed from a changed file
+    would otherwise let the upstream accept it."""
     step = part_size_bytes(size_bytes)
     windows = [
         FileWindow(body.fileno(), offset, min(step, size_bytes - offset))
         for offset in range(0, size_bytes, step)
     ]
-    md5s, whole = await asyncio.to_thread(_md5s_of, windows)
-    if require_md5 is not None and "-" not in require_md5 and whole != require_md5:
-        raise Corrupt(f"body MD5 {whole} differs from the acked {require_md5}")
+    check = BodyCheck(require) if require is not None else None
+    md5s = await asyncio.to_thread(_md5s_of, windows, check)
+    problem = check.problem() if check is not None else None
+    if problem is not None:
+        raise Corrupt(f"body {problem}")
     sources = [
         PartSource(w, len(w), md5)  # type: ignore[arg-type]  # a RawIOBase is a binary file
         for w, md5 in zip(windows, md5s, strict=True)

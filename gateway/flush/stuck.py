@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gateway.flush.policy import FlushPolicy, parent_prefix
 from gateway.models import FlushState, LocalObject
 from gateway.store.journal import Journal
+from gateway.store.queue import FlushQueue
 
 # Held markers are looked for only while this few objects are still moving: past it they
 # cannot all be markers (a checkpoint has one), and the lookup is not worth its reads.
@@ -43,16 +44,14 @@ async def held_markers(
 ) -> int:
     """Pending commit markers under ``bucket``/``prefix`` acknowledged up to ``fence_seq``
     that commit ordering holds back behind a failed object (one acknowledged before the
-    marker under its parent prefix). Reads every unflushed key: call it only when few
-    objects are still moving (``_MAX_HELD_LOOKUP``)."""
+    marker under its parent prefix). Reads up to ``_MAX_HELD_LOOKUP`` pending keys: call
+    it only when at most that many objects are still moving."""
+    queue = FlushQueue(journal)
     failed_by_bucket: dict[str, list[LocalObject]] = {}
-    for row in await journal.failed(_MAX_FAILED_LOOKUP):
+    for row in await queue.failed(_MAX_FAILED_LOOKUP):
         failed_by_bucket.setdefault(row.meta.bucket, []).append(row)
-    unflushed_keys = await journal.lanes(lambda key: key)  # (bucket, key) of every row
     held = 0
-    for row_bucket, key in unflushed_keys:
-        if (bucket is not None and row_bucket != bucket) or not key.startswith(prefix):
-            continue
+    for row_bucket, key in await queue.pending_keys(bucket, prefix, fence_seq, _MAX_HELD_LOOKUP):
         failed = failed_by_bucket.get(row_bucket)
         if not failed or not policy.is_marker(key):
             continue

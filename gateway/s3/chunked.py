@@ -46,6 +46,8 @@ _MAX_TRAILER_LINES = 32
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _TRAILER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TRUNCATED = "The request body terminated unexpectedly."
+# Signed chunks: a piece this large is hashed in a worker thread, off the event loop.
+_THREAD_HASH_MIN_BYTES = 32 << 10
 
 
 class ByteReader(Protocol):
@@ -126,13 +128,18 @@ class AwsChunkedBody:
             total_bytes += size
             self._check_not_over(total_bytes)
             hasher = hashlib.sha256() if self._signer is not None else None
+            hashing: asyncio.Future[None] | None = None
             remaining = size
             while remaining > 0:
                 piece = await self._read_exactly(min(remaining, self._max_piece_bytes))
                 remaining -= len(piece)
                 if hasher is not None:
-                    hasher.update(piece)
+                    if hashing is not None:
+                        await hashing
+                    hashing = _hash_piece(hasher, piece)
                 yield piece
+            if hashing is not None:
+                await hashing
             if await self._read_exactly(2) != b"\r\n":
                 raise InvalidRequest("aws-chunked: chunk data is not followed by CRLF.")
             if self._signer is not None and hasher is not None:
@@ -228,6 +235,15 @@ class AwsChunkedBody:
         if not line.endswith(b"\r\n"):
             raise InvalidRequest("aws-chunked: a chunk header line does not end with CRLF.")
         return line[:-2]
+
+
+def _hash_piece(hasher: hashlib._Hash, piece: bytes) -> asyncio.Future[None] | None:
+    """Feed a chunk's SHA-256 (signed chunks): a large piece in a worker thread (hashlib
+    releases the GIL), running while the piece is written; a small one at once."""
+    if len(piece) < _THREAD_HASH_MIN_BYTES:
+        hasher.update(piece)
+        return None
+    return asyncio.get_running_loop().run_in_executor(None, hasher.update, piece)
 
 
 class _ChunkSigner:

@@ -32,6 +32,11 @@ from gateway.s3.middleware import add_request_headers, assign_request_id, render
 
 log = logging.getLogger(__name__)
 KiB = 1 << 10
+# How much of a request body aiohttp buffers before it stops reading the socket (its default
+# is 64 KiB, i.e. pause at 128 KiB). A body is written and hashed one 1 MiB piece behind
+# the socket: with a small buffer the socket stalls while the previous piece is hashed, and
+# one stream ingested at ~40 % of the disk. Memory: up to twice this per connection.
+_READ_BUFFER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,7 @@ def build_s3_runner(
         max_line_size=limits.max_line_bytes,
         max_field_size=limits.max_field_bytes,
         max_headers=limits.max_headers,
+        read_bufsize=_READ_BUFFER_BYTES,
     )
 
 

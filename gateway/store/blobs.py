@@ -9,9 +9,13 @@ which ``sweep`` removes at the next start; ``tmp/`` is emptied at every start.
 With ``fsync=False`` (``durability=none``) both fsyncs are skipped: an acknowledged write
 survives a process crash (the page cache keeps it) but not a power cut or kernel panic.
 
-Blocking work (write, hash, fsync, rename) runs in worker threads; the event loop only moves
-buffers. Hashing happens in the same thread as the write, overlapping with the next read
-from the socket.
+Blocking work (write, hash, fsync, rename) runs in the store's worker threads; the event loop
+only moves buffers. Each piece of a body goes to the file and to every digest the request
+needs at the same time, each in its own thread (hashlib and awscrt release the GIL on large
+buffers), while the loop reads the next piece from the socket: one stream ingests at the
+slower of the disk and one core's MD5, not at the sum of every hash and the write. Every
+body is also hashed with CRC32C, the stored checksum of local integrity checks
+(``integrity.py``).
 """
 
 from __future__ import annotations
@@ -23,14 +27,25 @@ import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.checksums import Hasher, new_hasher
 from gateway.errors import EntityTooLarge, SlowDown
 
+KiB = 1 << 10
 MiB = 1 << 20
 log = logging.getLogger(__name__)
+# A piece smaller than this (or than the store's pieces) is hashed and written in one thread
+# hop: for small bodies the hops would cost more than the parallelism saves.
+_PARALLEL_MIN_BYTES = 256 * KiB
+# A body this small is hashed on the loop: a thread hop would cost more (~10 µs of MD5).
+_LOOP_HASH_MAX_BYTES = 16 * KiB
+# Digests cheap enough (GB/s) to share one thread.
+_FAST = frozenset({"crc32", "crc32c", "crc64nvme"})
+# The stored checksum of every body (``integrity.py``).
+FAST_CHECKSUM = "crc32c"
 # The filesystem is out of space (or the user's quota): retryable, never a corrupt state.
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -41,7 +56,49 @@ class WrittenBlob:
 
     blob_id: str
     size_bytes: int
-    digests: dict[str, bytes]  # algorithm -> raw digest
+    digests: dict[str, bytes]  # algorithm -> raw digest (always "crc32c" among them)
+
+    @property
+    def crc32c(self) -> int:
+        """The stored checksum of the body (``integrity.py``)."""
+        return int.from_bytes(self.digests[FAST_CHECKSUM], "big")
+
+    @property
+    def body(self) -> None:
+        """Not held in memory (see ``InlineBody``)."""
+        return None
+
+    @property
+    def blob_ids(self) -> list[str]:
+        return [self.blob_id]
+
+
+@dataclass(frozen=True, slots=True)
+class InlineBody:
+    """A small body held in memory, to be stored inside the journal row (no file)."""
+
+    body: bytes
+    digests: dict[str, bytes]  # algorithm -> raw digest (always "crc32c" among them)
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.body)
+
+    @property
+    def crc32c(self) -> int:
+        return int.from_bytes(self.digests[FAST_CHECKSUM], "big")
+
+    @property
+    def blob_id(self) -> None:
+        return None
+
+    @property
+    def blob_ids(self) -> list[str]:
+        return []
+
+
+# A request body once taken: a durable file, or small bytes for the journal.
+Ingested = WrittenBlob | InlineBody
 
 
 class BlobStore:
@@ -53,10 +110,18 @@ class BlobStore:
     id; an unlink after a newer version commits does not disturb an already-open descriptor.
     """
 
-    def __init__(self, root: Path, *, fsync: bool = True, piece_bytes: int = 1 * MiB) -> None:
+    def __init__(
+        self, root: Path, *, fsync: bool = True, piece_bytes: int = 1 * MiB, workers: int = 0
+    ) -> None:
         self.root = root
         self.fsync = fsync
         self.piece_bytes = piece_bytes
+        # Writes, hashes, fsyncs: the GIL is released in all of them, so more threads than
+        # cores keep the disk and the cores busy at once.
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers or max(4, 2 * (os.cpu_count() or 1) + 2),
+            thread_name_prefix="blob-io",
+        )
         self._tmp = root / "tmp"
         self._blobs = root / "blobs"
         self._dir_fds: dict[str, int] = {}
@@ -82,6 +147,7 @@ class BlobStore:
         for fd in self._dir_fds.values():
             os.close(fd)
         self._dir_fds.clear()
+        self._pool.shutdown(wait=True)
 
     def path(self, blob_id: str) -> Path:
         return self._blobs / blob_id[:2] / blob_id
@@ -114,60 +180,78 @@ class BlobStore:
     ) -> WrittenBlob:
         blob_id = secrets.token_hex(16)
         tmp_path = self._tmp / blob_id
-        hashers = {name: new_hasher(name) for name in set(algorithms)}
-        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        hashers = {name: new_hasher(name) for name in {*algorithms, FAST_CHECKSUM}}
+        parallel_min = min(_PARALLEL_MIN_BYTES, self.piece_bytes)
         loop = asyncio.get_running_loop()
+        # The file is created by the first write, in a worker thread (never on the loop).
+        pipeline = _Pipeline(loop, self._pool, tmp_path, hashers, parallel_min)
         size = 0
-        buf = bytearray()
-        in_flight: asyncio.Future[None] | None = None
+        pending: list[bytes] = []  # chunks of the next piece (not copied until it is whole)
+        pending_bytes = 0
         try:
             async for chunk in chunks:
                 size += len(chunk)
                 if max_bytes is not None and size > max_bytes:
                     raise EntityTooLarge()
-                buf += chunk
-                if len(buf) >= self.piece_bytes:
-                    # Double buffering: the previous piece is written while this one filled.
-                    if in_flight is not None:
-                        await in_flight
-                    in_flight = loop.run_in_executor(None, _write_piece, fd, bytes(buf), hashers)
-                    buf.clear()
-            if in_flight is not None:
-                await in_flight
-                in_flight = None
+                pending.append(chunk)
+                pending_bytes += len(chunk)
+                if pending_bytes >= self.piece_bytes:
+                    # A chunk as large as a piece (aiohttp hands over ~1 MiB) goes as is.
+                    await pipeline.feed(pending[0] if len(pending) == 1 else b"".join(pending))
+                    pending, pending_bytes = [], 0
+            tail = b"".join(pending)
+            if len(tail) >= parallel_min:
+                await pipeline.feed(tail)
+                tail = b""
+            await pipeline.drain()
             final_path = self.path(blob_id)
             dir_fd = self._dir_fds[blob_id[:2]]
-            await asyncio.to_thread(
-                self._finish, fd, bytes(buf), hashers, tmp_path, final_path, dir_fd
+            await loop.run_in_executor(
+                self._pool, self._finish, tail, pipeline, tmp_path, final_path, dir_fd
             )
         except BaseException:
-            if in_flight is not None:
-                with contextlib.suppress(BaseException):
-                    await in_flight
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            tmp_path.unlink(missing_ok=True)
+            await pipeline.abandon()
+            await asyncio.shield(loop.run_in_executor(self._pool, pipeline.remove))
             raise
         return WrittenBlob(blob_id, size, {n: h.digest() for n, h in hashers.items()})
 
     def _finish(
         self,
-        fd: int,
         tail: bytes,
-        hashers: dict[str, Hasher],
+        pipeline: _Pipeline,
         tmp_path: Path,
         final_path: Path,
         dir_fd: int,
     ) -> None:
-        try:
-            _write_piece(fd, tail, hashers)
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        """The last (small) piece, then durability: fsync, rename, fsync(dir). One hop."""
+        pipeline.consume_all(tail)
+        fd = pipeline.opened()
+        if self.fsync:
+            os.fsync(fd)
+        pipeline.close()
         os.rename(tmp_path, final_path)
         if self.fsync:
             os.fsync(dir_fd)
+
+    async def hold(
+        self, chunks: AsyncIterator[bytes], algorithms: Iterable[str], *, max_bytes: int
+    ) -> InlineBody:
+        """Read a small body (at most ``max_bytes``, else EntityTooLarge) into memory and
+        hash it: on the loop when tiny, else in one worker thread. Nothing touches the
+        disk: the journal commit that stores it is what makes it durable."""
+        data = bytearray()
+        async for chunk in chunks:
+            data += chunk
+            if len(data) > max_bytes:
+                raise EntityTooLarge()
+        body = bytes(data)
+        hashers = {name: new_hasher(name) for name in {*algorithms, FAST_CHECKSUM}}
+        if len(body) <= _LOOP_HASH_MAX_BYTES:
+            _update_all(list(hashers.values()), body)
+        else:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._pool, _update_all, list(hashers.values()), body)
+        return InlineBody(body, {n: h.digest() for n, h in hashers.items()})
 
     async def link(self, blob_ids: Sequence[str]) -> list[str]:
         """New blobs sharing the bodies of ``blob_ids`` (hard links: no bytes are copied).
@@ -276,13 +360,94 @@ class BlobStore:
         return sum(sizes.values())
 
 
-def _write_piece(fd: int, data: bytes, hashers: dict[str, Hasher]) -> None:
+class _Pipeline:
+    """The consumers of one body's pieces: the file write, one thread per slow digest (MD5,
+    SHA-256, SHA-1) and one for the fast ones (CRCs). Consumers run in parallel with each
+    other; each one sees the pieces in order (a piece waits for that consumer's previous
+    one), so at most two pieces per body are in memory."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        pool: ThreadPoolExecutor,
+        path: Path,
+        hashers: dict[str, Hasher],
+        parallel_min_bytes: int,
+    ) -> None:
+        self.loop = loop
+        self._pool = pool
+        self._path = path
+        self._fd: int | None = None  # set by the first write (a worker thread)
+        self._parallel_min_bytes = parallel_min_bytes
+        fast = [h for name, h in hashers.items() if name in _FAST]
+        slow = [h for name, h in hashers.items() if name not in _FAST]
+        self._consumers: list[Callable[[bytes], None]] = [
+            lambda data: _write_all(self.opened(), data)
+        ]
+        if fast:
+            self._consumers.append(lambda data: _update_all(fast, data))
+        self._consumers.extend(h.update for h in slow)
+        self._pending: list[asyncio.Future[None] | None] = [None] * len(self._consumers)
+
+    async def feed(self, piece: bytes) -> None:
+        if len(piece) < self._parallel_min_bytes:
+            await self.drain()
+            await self.loop.run_in_executor(self._pool, self.consume_all, piece)
+            return
+        for i, consume in enumerate(self._consumers):
+            previous = self._pending[i]
+            if previous is not None:
+                await previous
+            self._pending[i] = self.loop.run_in_executor(self._pool, consume, piece)
+
+    def consume_all(self, piece: bytes) -> None:
+        """In a worker thread: every consumer, one after the other (a small piece)."""
+        if piece:
+            for consume in self._consumers:
+                consume(piece)
+
+    async def drain(self) -> None:
+        for i, pending in enumerate(self._pending):
+            if pending is not None:
+                self._pending[i] = None
+                await pending
+
+    def opened(self) -> int:
+        """The temporary file's descriptor, created on first use (in a worker thread)."""
+        if self._fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            self._fd = os.open(self._path, flags, 0o600)
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def remove(self) -> None:
+        """After a failure (worker thread): nothing of the body is left behind."""
+        with contextlib.suppress(OSError):
+            self.close()
+        self._path.unlink(missing_ok=True)
+
+    async def abandon(self) -> None:
+        """After a failure: let the threads finish with the pieces they hold."""
+        for pending in self._pending:
+            if pending is not None:
+                with contextlib.suppress(BaseException):
+                    await pending
+
+
+def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
-    for hasher in hashers.values():
-        hasher.update(view)
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def _update_all(hashers: Sequence[Hasher], data: bytes) -> None:
+    for hasher in hashers:
+        hasher.update(data)
 
 
 def _fsync_dir(path: Path) -> None:

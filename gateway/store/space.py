@@ -16,9 +16,8 @@ is admitted with 0 and grows its reservation piece by piece as it writes
 (``Grant.grow``), refused the same way the moment a piece would not fit. Durable bytes
 never refuse a write: they are evicted to make room.
 
-The figures are a journal snapshot plus what was committed since (an over-estimate: frees
-are only seen at the next snapshot), so an admission decision is never too generous; a write
-that would be refused forces a fresh snapshot first, so it is never refused on stale figures.
+The figures come from the journal's in-memory ``Figures`` (kept from its changes, exact as
+soon as a write is acknowledged), so admission never queries the database.
 
 Eviction: a background task (``run``) wakes when used bytes may have passed the high
 watermark (after commits, on a disk-full error, on a timer), and evicts durable rows until
@@ -38,48 +37,20 @@ import functools
 import logging
 import sqlite3
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from gateway import metrics
 from gateway.clock import Clock
 from gateway.errors import SlowDown
 from gateway.store.blobs import BlobStore
-from gateway.store.journal import Journal, blob_ids_of
+from gateway.store.figures import SpaceFigures
+from gateway.store.journal import Journal
+from gateway.store.rows import IMAGE_COLUMNS, blob_ids_of, image_from
 
 log = logging.getLogger(__name__)
 
 _EVICT_BATCH = 256
 _TICK_S = 5.0  # eviction check and access-time write-back without any other trigger
 _MIN_ROUND_GAP_S = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class SpaceFigures:
-    """Journal sums, in bytes, at one instant."""
-
-    unflushed_bytes: int
-    durable_bytes: int
-    parts_bytes: int
-
-    @property
-    def pinned_bytes(self) -> int:
-        """Bytes that cannot be evicted."""
-        return self.unflushed_bytes + self.parts_bytes
-
-    @property
-    def used_bytes(self) -> int:
-        return self.unflushed_bytes + self.durable_bytes + self.parts_bytes
-
-
-def read_figures(conn: sqlite3.Connection) -> SpaceFigures:
-    """Inside a journal op: the current sums (tombstones weigh nothing)."""
-    unflushed, durable = conn.execute(
-        "SELECT COALESCE(SUM(CASE WHEN state != 'durable' THEN size_bytes END), 0), "
-        "COALESCE(SUM(CASE WHEN state = 'durable' THEN size_bytes END), 0) "
-        "FROM objects WHERE is_delete = 0"
-    ).fetchone()
-    parts = conn.execute("SELECT COALESCE(SUM(size_bytes), 0) FROM parts").fetchone()[0]
-    return SpaceFigures(int(unflushed), int(durable), int(parts))
 
 
 class Grant:
@@ -128,11 +99,8 @@ class CacheSpace:
         self.high_bytes = int(capacity_bytes * high_fraction)
         self.low_bytes = int(capacity_bytes * low_fraction)
         self._low_fraction = low_fraction
-        self._snapshot = SpaceFigures(0, 0, 0)
         self._reserved_bytes = 0
         self._filling_bytes = 0  # read-through copies being written (reserve_fill)
-        self._committed_since_bytes = 0  # committed after the snapshot was taken
-        self._refresh_lock = asyncio.Lock()
         self._evict_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._accessed: dict[tuple[str, str], float] = {}
@@ -147,7 +115,7 @@ class CacheSpace:
     async def admit(self, size_bytes: int) -> AsyncIterator[Grant]:
         """Reserve ``size_bytes`` for a write (raises SlowDown when they do not fit) for the
         block's duration. The caller calls ``grant.commit()`` once the journal row is
-        committed; the bytes then count as committed until the next snapshot."""
+        committed; the figures count them from then on."""
         size_bytes = max(0, size_bytes)
         await self.require_room(size_bytes)
         grant = Grant(self, size_bytes)
@@ -157,30 +125,29 @@ class CacheSpace:
             yield grant
         finally:
             _GRANT.reset(token)
-            self._reserved_bytes -= grant.size_bytes  # grown as the write went, if it did
-            if grant.is_committed:
-                self._committed_since_bytes += grant.committed_bytes
-                if self.estimated_used_bytes() > self.high_bytes:
-                    self._wake.set()
+            # Grown as the write went, if it did. The committed bytes are in the journal's
+            # figures already (before the write returned).
+            self._reserved_bytes -= grant.size_bytes
+            if grant.is_committed and self.estimated_used_bytes() > self.high_bytes:
+                self._wake.set()
 
     async def require_room(self, size_bytes: int) -> None:
         """Raise SlowDown unless ``size_bytes`` more fit (on fresh figures before refusing)."""
         if not self._fits(size_bytes):
-            await self.refresh()
-            if not self._fits(size_bytes):
-                metrics.CAPACITY_REFUSALS.inc()
-                raise SlowDown(
-                    "The gateway's local cache is full of data not yet flushed upstream; "
-                    "retry shortly."
-                )
+            metrics.CAPACITY_REFUSALS.inc()
+            raise SlowDown(
+                "The gateway's local cache is full of data not yet flushed upstream; retry shortly."
+            )
 
     def reserve(self, size_bytes: int) -> None:
         """Count ``size_bytes`` more as reserved (``Grant.grow``, after ``require_room``)."""
         self._reserved_bytes += size_bytes
 
+    def _pinned_bytes(self) -> int:
+        return self.pinned_estimate_bytes
+
     def _fits(self, size_bytes: int) -> bool:
-        pinned = self._snapshot.pinned_bytes + self._committed_since_bytes + self._reserved_bytes
-        return pinned + size_bytes <= self.capacity_bytes
+        return self._pinned_bytes() + size_bytes <= self.capacity_bytes
 
     def fits_cache(self, size_bytes: int) -> bool:
         """Whether a read-through copy of ``size_bytes`` may be kept without passing the
@@ -190,9 +157,9 @@ class CacheSpace:
 
     @property
     def pinned_estimate_bytes(self) -> int:
-        """Bytes eviction cannot free (unflushed, open uploads, writes in progress); an
-        over-estimate until the next snapshot (recent commits count as pinned)."""
-        return self._snapshot.pinned_bytes + self._committed_since_bytes + self._reserved_bytes
+        """Bytes eviction cannot free: unflushed rows, open uploads (the journal's figures,
+        kept as rows change) and writes in progress."""
+        return self._journal.figures.space().pinned_bytes + self._reserved_bytes
 
     def reserve_fill(self, size_bytes: int) -> bool:
         """Reserve room for a read-through copy about to be written; False (nothing
@@ -214,21 +181,12 @@ class CacheSpace:
         return self._filling_bytes
 
     def estimated_used_bytes(self) -> int:
-        return (
-            self._snapshot.used_bytes
-            + self._committed_since_bytes
-            + self._reserved_bytes
-            + self._filling_bytes
-        )
+        """Used bytes, counting writes and copies still streaming as if they were done."""
+        return self._journal.figures.space().used_bytes + self._reserved_bytes + self._filling_bytes
 
     async def refresh(self) -> SpaceFigures:
-        """Take a fresh snapshot. Commits that finished before it started are in it."""
-        async with self._refresh_lock:
-            committed = self._committed_since_bytes
-            figures = await self._journal.run_read(read_figures)
-            self._snapshot = figures
-            self._committed_since_bytes -= committed
-            return figures
+        """The figures now (from memory: no query)."""
+        return self._journal.figures.space()
 
     # -- access tracking and eviction -------------------------------------------------------
 
@@ -251,21 +209,16 @@ class CacheSpace:
 
         Woken by commits past the high watermark, by flush outcomes while above it (a flush
         makes bytes evictable), by disk-full errors, and every few seconds; rounds are at
-        least ``_MIN_ROUND_GAP_S`` apart so a stream of flushes costs few snapshots."""
-        watcher = asyncio.create_task(self._watch_flushes(), name="evictor-watch")
+        least ``_MIN_ROUND_GAP_S`` apart so a stream of flushes costs few rounds."""
+        self._journal.add_listener(self._on_changes)
         try:
             await self._loop()
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            self._journal.remove_listener(self._on_changes)
 
-    async def _watch_flushes(self) -> None:
-        while True:
-            async with self._journal.changed:
-                await self._journal.changed.wait()
-            if self.estimated_used_bytes() > self.high_bytes:
-                self._wake.set()
+    def _on_changes(self) -> None:
+        if self.estimated_used_bytes() > self.high_bytes:
+            self._wake.set()
 
     async def _loop(self) -> None:
         while not self._is_stopping:
@@ -305,15 +258,12 @@ class CacheSpace:
 
     def note_cached(self, size_bytes: int) -> None:
         """A read-through copy of ``size_bytes`` was committed (outside ``admit``)."""
-        self._committed_since_bytes += size_bytes
         if self.estimated_used_bytes() > self.high_bytes:
             self._wake.set()
 
     async def evict_if_needed(self) -> int:
         """Evict LRU durable rows if used bytes passed the high watermark, down to the low
-        one. Returns the bytes evicted. Skips the journal query when even the estimate
-        (never below the truth: every commit is counted, frees only at a snapshot) is
-        under the high watermark."""
+        one. Returns the bytes evicted."""
         if self.estimated_used_bytes() <= self.high_bytes:
             return 0
         async with self._evict_lock:
@@ -338,11 +288,13 @@ class CacheSpace:
         freed = 0
         while used_bytes - freed > target_bytes:
             need = used_bytes - freed - target_bytes
-            victims = await self._journal.run_read(functools.partial(_lru_durable, need_bytes=need))
+            victims = await self._journal.run_admin_read(
+                functools.partial(_lru_durable, need_bytes=need)
+            )
             if not victims:
                 break  # everything left is pinned: admission keeps new writes out
             removed = await self._journal.run_write(
-                functools.partial(_delete_rows, victims=victims)
+                functools.partial(_delete_rows, self._journal, victims=victims)
             )
             blob_ids = [b for _, blobs in removed for b in blobs]
             await self._blobs.discard(blob_ids)  # after COMMIT: a crash leaves only orphans
@@ -356,7 +308,6 @@ class CacheSpace:
                 break  # every victim was overwritten meanwhile; look again next round
         if freed:
             log.info("evicted %d bytes of flushed objects from the local cache", freed)
-            await self.refresh()
         return freed
 
 
@@ -377,7 +328,7 @@ def _lru_durable(conn: sqlite3.Connection, need_bytes: int) -> list[_Victim]:
     """Least recently used durable rows adding up to at least ``need_bytes``."""
     out: list[_Victim] = []
     total = 0
-    cursor = conn.execute(
+    cursor = conn.execute(  # the partial index objects_lru serves this order
         "SELECT bucket, key, seq, size_bytes, blob_id, parts FROM objects "
         "WHERE state = 'durable' AND is_delete = 0 "
         "ORDER BY COALESCE(accessed_s, acked_s), seq LIMIT ?",
@@ -391,14 +342,17 @@ def _lru_durable(conn: sqlite3.Connection, need_bytes: int) -> list[_Victim]:
     return out
 
 
-def _delete_rows(conn: sqlite3.Connection, victims: list[_Victim]) -> list[tuple[int, list[str]]]:
+def _delete_rows(
+    journal: Journal, conn: sqlite3.Connection, victims: list[_Victim]
+) -> list[tuple[int, list[str]]]:
     """Delete each victim if it is still that durable version; (size, blob ids) of each."""
     removed: list[tuple[int, list[str]]] = []
     for bucket, key, seq, size, blob_id, parts in victims:
-        cur = conn.execute(
-            "DELETE FROM objects WHERE bucket = ? AND key = ? AND seq = ? AND state = 'durable'",
+        row = conn.execute(
+            f"SELECT {IMAGE_COLUMNS} FROM objects "
+            "WHERE bucket = ? AND key = ? AND seq = ? AND state = 'durable'",
             (bucket, key, seq),
-        )
-        if cur.rowcount:
+        ).fetchone()
+        if row is not None and journal.delete_row(conn, image_from(row), is_flush=False):
             removed.append((size, blob_ids_of(blob_id, parts)))
     return removed

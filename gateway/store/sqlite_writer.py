@@ -9,6 +9,7 @@ error) every caller in the group gets that error and nothing of the group is vis
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import sqlite3
 import threading
@@ -16,7 +17,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_Item = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
+OnCommit = Callable[[Any], None]
+_Item = tuple[
+    Callable[[sqlite3.Connection], Any],
+    "asyncio.Future[Any]",
+    asyncio.AbstractEventLoop,
+    OnCommit | None,
+]
+log = logging.getLogger(__name__)
 
 
 class GroupWriter:
@@ -24,19 +32,33 @@ class GroupWriter:
 
     MUST be the only writer of its database. ``submit`` may be called from any event loop;
     results are delivered on the caller's loop. ``close`` drains the queue, then stops.
+
+    ``on_commit(result)`` of an operation runs on the caller's loop once the group's COMMIT
+    succeeded, before the caller's future resolves (also when the caller was cancelled
+    meanwhile: the transaction is durable either way). Callbacks run in commit order, so a
+    consumer of them sees the same sequence of states as the database did.
     """
 
-    def __init__(self, conn: sqlite3.Connection, *, max_batch: int = 512) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        max_batch: int = 512,
+        on_committed: Callable[[], None] | None = None,
+    ) -> None:
         self._conn = conn
         self._max_batch = max_batch
+        self._on_committed = on_committed  # after each successful COMMIT (writer thread)
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, op: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+    def submit(
+        self, op: Callable[[sqlite3.Connection], T], on_commit: Callable[[T], None] | None = None
+    ) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._queue.put((op, fut, loop))
+        self._queue.put((op, fut, loop, on_commit))
         return fut
 
     def close(self) -> None:
@@ -67,7 +89,7 @@ class GroupWriter:
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op, _, _ in batch:
+            for op, _, _, _ in batch:
                 conn.execute("SAVEPOINT op")
                 try:
                     results.append((True, op(conn)))
@@ -82,15 +104,22 @@ class GroupWriter:
                     conn.execute("RELEASE op")
                     results.append((False, exc))
             conn.execute("COMMIT")
+            if self._on_committed is not None:
+                self._on_committed()
         except Exception as exc:  # COMMIT failed: nothing of the group is durable
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             results = [(False, exc)] * len(batch)
-        for (_, fut, loop), (ok, value) in zip(batch, results, strict=True):
-            loop.call_soon_threadsafe(_resolve, fut, ok, value)
+        for (_, fut, loop, on_commit), (ok, value) in zip(batch, results, strict=True):
+            loop.call_soon_threadsafe(_resolve, fut, ok, value, on_commit)
 
 
-def _resolve(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+def _resolve(fut: asyncio.Future[Any], ok: bool, value: Any, on_commit: OnCommit | None) -> None:
+    if ok and on_commit is not None:
+        try:
+            on_commit(value)
+        except Exception:  # a consumer's bug must not leave the caller hanging
+            log.exception("journal commit callback failed")
     if fut.cancelled():
         return
     if ok:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from gateway.errors import NoSuchUpload
 from gateway.models import LocalObject, ObjectMeta, PartRef
-from gateway.store.journal import Journal, RowCheck, prefix_bytes
+from gateway.store.journal import Journal, RowCheck
+from gateway.store.rows import PartsChange, prefix_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ class Part:
     etag: str
     checksums: dict[str, str]
     last_modified_s: float
+    crc32c: int | None = None  # of the part's file, from ingest (local integrity checks)
 
 
 class UploadJournal:
@@ -104,12 +106,12 @@ class UploadJournal:
         def op(conn: sqlite3.Connection) -> list[str]:
             _require(conn, upload_id)
             old = conn.execute(
-                "SELECT blob_id FROM parts WHERE upload_id = ? AND part_number = ?",
+                "SELECT blob_id, size_bytes FROM parts WHERE upload_id = ? AND part_number = ?",
                 (upload_id, part.part_number),
             ).fetchone()
             conn.execute(
                 "INSERT OR REPLACE INTO parts (upload_id, part_number, blob_id, size_bytes, etag, "
-                "checksums, last_modified_s) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "checksums, last_modified_s, crc32c) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     upload_id,
                     part.part_number,
@@ -118,8 +120,10 @@ class UploadJournal:
                     part.etag,
                     json.dumps(part.checksums),
                     part.last_modified_s,
+                    part.crc32c,
                 ),
             )
+            self._journal.record(PartsChange(part.size_bytes - (int(old[1]) if old else 0)))
             return [old[0]] if old else []
 
         return await self._journal.run_write(op)
@@ -127,11 +131,12 @@ class UploadJournal:
     async def parts(self, upload_id: str, after: int = 0, limit: int = 10_000) -> list[Part]:
         def op(conn: sqlite3.Connection) -> list[Part]:
             rows = conn.execute(
-                "SELECT part_number, blob_id, size_bytes, etag, checksums, last_modified_s "
-                "FROM parts WHERE upload_id = ? AND part_number > ? ORDER BY part_number LIMIT ?",
+                "SELECT part_number, blob_id, size_bytes, etag, checksums, last_modified_s, "
+                "crc32c FROM parts WHERE upload_id = ? AND part_number > ? "
+                "ORDER BY part_number LIMIT ?",
                 (upload_id, after, limit),
             ).fetchall()
-            return [Part(n, b, s, e, json.loads(c), m) for n, b, s, e, c, m in rows]
+            return [Part(n, b, s, e, json.loads(c), m, crc) for n, b, s, e, c, m, crc in rows]
 
         return await self._journal.run_read(op)
 
@@ -153,6 +158,7 @@ class UploadJournal:
             _require(conn, upload_id)
             if check is not None:
                 check(self._journal.current(conn, meta.bucket, meta.key))
+            _drop_parts(self._journal, conn, upload_id)
             unused = [
                 r[0]
                 for r in conn.execute("SELECT blob_id FROM parts WHERE upload_id = ?", (upload_id,))
@@ -164,9 +170,7 @@ class UploadJournal:
             _remember_completed(conn, upload_id, row, acked_s)
             return row, unused + superseded
 
-        row, discard = await self._journal.run_write(op)
-        self._journal.pending_event.set()
-        return row, discard
+        return await self._journal.run_write(op)
 
     async def completed(self, upload_id: str) -> CompletedUpload | None:
         """The completion of ``upload_id`` within the last ``COMPLETED_RETENTION_S``, if any."""
@@ -193,6 +197,7 @@ class UploadJournal:
 
         def op(conn: sqlite3.Connection) -> list[str]:
             _require(conn, upload_id)
+            _drop_parts(self._journal, conn, upload_id)
             blobs = [
                 r[0]
                 for r in conn.execute("SELECT blob_id FROM parts WHERE upload_id = ?", (upload_id,))
@@ -247,6 +252,15 @@ def _remember_completed(
             now_s,
         ),
     )
+
+
+def _drop_parts(journal: Journal, conn: sqlite3.Connection, upload_id: str) -> None:
+    """Inside an op that deletes an upload's parts: their bytes leave the parts figure (a
+    completion's chosen parts come back as the object row's bytes)."""
+    (size,) = conn.execute(
+        "SELECT COALESCE(SUM(size_bytes), 0) FROM parts WHERE upload_id = ?", (upload_id,)
+    ).fetchone()
+    journal.record(PartsChange(-int(size)))
 
 
 def _require(conn: sqlite3.Connection, upload_id: str) -> None:

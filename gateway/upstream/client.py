@@ -2,7 +2,18 @@
 
 The SDK's own retries are off: the flusher owns backoff (one policy, no double retries).
 Request checksums are only computed when required: the flusher sends Content-MD5 it already
-has from ingest, so botocore never re-reads a body to hash it (over https).
+has from ingest (and one stored x-amz-checksum), so botocore never re-reads a body to hash it.
+
+Payloads are not hashed for signing (``x-amz-content-sha256: UNSIGNED-PAYLOAD``), over
+https and over http alike. botocore otherwise reads and SHA-256s every body it sends over
+http on the event loop before sending it (40-117 ms per 64 MiB, during which no client
+request is served). Over https this is what botocore does anyway for a PutObject/UploadPart
+carrying Content-MD5, and TLS protects the request. Over http, the one a test rig or a
+trusted-network store uses, the body is still covered end to end: Content-MD5 is a signed
+header (an intermediary can change neither it nor, undetected, the body S3 checks against
+it), and the flusher compares the ETag the upstream returns with the one it expects (a
+completion's part list included). What is given up on http is the signature over small
+XML bodies such as CompleteMultipartUpload's, whose outcome the ETag check still catches.
 """
 
 from __future__ import annotations
@@ -227,7 +238,8 @@ class AiobotocoreUpstream:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             max_pool_connections=max_connections,
-            s3={"addressing_style": addressing_style},
+            # UNSIGNED-PAYLOAD, https or not: see the module docstring.
+            s3={"addressing_style": addressing_style, "payload_signing_enabled": False},
             connect_timeout=10,
             read_timeout=120,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -73,6 +74,7 @@ def test_json_format_one_object_per_line_with_extras(restore_logging: None) -> N
             logging.getLogger("gateway.test").exception("failed", extra={"bucket": "b"})
     finally:
         logs.REQUEST_ID.reset(token)
+    logs.flush()  # lines are written by the log thread
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
     first, second = (json.loads(line) for line in lines)
@@ -91,6 +93,7 @@ def test_text_format_and_access_log_switch(restore_logging: None) -> None:
     logging.getLogger("gateway.x").warning("Authorization: Bearer s3cr3t")
     logging.getLogger(logs.ACCESS_LOGGER).info('1.2.3.4 - - [x] "GET / HTTP/1.1" 200 0')
     logging.getLogger("aiohttp.access").info("raw aiohttp line with ?Signature=abc")
+    logs.flush()
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
     assert lines[0].endswith("WARNING gateway.x [-]: Authorization: REDACTED")
@@ -100,4 +103,22 @@ def test_text_format_and_access_log_switch(restore_logging: None) -> None:
     logs.configure("info", "text", access_log=False, stream=stream)
     logging.getLogger(logs.ACCESS_LOGGER).info("an access line")
     logging.getLogger("gateway.x").info("kept")
+    logs.flush()
     assert [line.split(": ", 1)[1] for line in stream.getvalue().splitlines()] == ["kept"]
+
+
+def test_lines_are_written_off_the_calling_thread(restore_logging: None) -> None:
+    """The loop never blocks on a log write: the stream is written by the log thread."""
+    writers: list[str] = []
+
+    class Recording(io.StringIO):
+        def write(self, text: str) -> int:
+            writers.append(threading.current_thread().name)
+            return super().write(text)
+
+    stream = Recording()
+    logs.configure("info", "text", stream=stream)
+    logging.getLogger(logs.ACCESS_LOGGER).info("%s %s", "GET", "/b/k")
+    logs.flush()
+    assert stream.getvalue() == "GET /b/k\n"
+    assert writers and threading.current_thread().name not in writers

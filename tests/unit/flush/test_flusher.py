@@ -1,7 +1,7 @@
 """Flusher: a real Journal and BlobStore on tmp_path, the in-memory FakeUpstream.
 
-Nothing here sleeps: tests await the journal's ``changed`` condition (every flush outcome
-notifies it), the fake's events, or a wrapped ``journal.claim``, always with a timeout.
+Nothing here sleeps: tests await the journal's changes (``until_changed``), the fake's
+events, or a wrapped ``FlushQueue.claim``, always with a timeout.
 """
 
 from __future__ import annotations
@@ -12,27 +12,21 @@ import dataclasses
 import hashlib
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from fakes import FakeUpstream
+from fakes import FakeUpstream, claim_pending, until_changed
 
 from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
+from gateway.flush.lanes import LaneConfig
 from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.blobs import BlobStore
-from gateway.store.journal import (
-    CLAIM,
-    Claimed,
-    ClaimPolicy,
-    Journal,
-    QueueEntry,
-    QueueView,
-    Verdict,
-)
+from gateway.store.journal import Journal
+from gateway.store.queue import FlushQueue
 from gateway.store.uploads import Part, Upload, UploadJournal
 from gateway.upstream.classify import Fatal, Retryable, Throttled
 
@@ -44,12 +38,6 @@ FAST_FLOW = RateConfig(initial_per_s=1e6, floor_per_s=1000.0)
 BUCKET = "ckpt"
 
 
-class _AdmitAll:
-    def decide(self, entry: QueueEntry, now_s: float, view: QueueView) -> Verdict:
-        return CLAIM
-
-
-ADMIT_ALL = _AdmitAll()
 WAIT_S = 5.0
 
 
@@ -138,17 +126,8 @@ async def _write(journal: Journal, blobs: BlobStore, key: str, body: bytes) -> L
 async def _until(
     journal: Journal, check: Callable[[], Awaitable[bool]], timeout_s: float = WAIT_S
 ) -> None:
-    """Wait until ``check()`` holds, re-checking whenever the journal notifies ``changed``.
-
-    ``check`` runs under the condition's lock, so no notification is lost between it and
-    the wait."""
-
-    async def wait() -> None:
-        async with journal.changed:
-            while not await check():
-                await journal.changed.wait()
-
-    await asyncio.wait_for(wait(), timeout_s)
+    """Wait until ``check()`` holds, re-checking after every committed journal change."""
+    await until_changed(journal, check, timeout_s)
 
 
 async def _drained(journal: Journal, timeout_s: float = WAIT_S) -> None:
@@ -167,26 +146,25 @@ async def _state_is(journal: Journal, key: str, state: FlushState) -> None:
 
 
 class _ClaimWatch:
-    """Wraps ``journal.claim`` to report which seqs the flusher claimed (instrumentation
+    """Wraps ``FlushQueue.claim`` to report which seqs the flusher claimed (instrumentation
     only: the real claim runs unchanged). ``then`` runs after each non-empty claim."""
 
     def __init__(self, journal: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
         self.seqs: list[int] = []
         self.then: Callable[[list[LocalObject]], None] | None = None
         self._event = asyncio.Event()
-        original = journal.claim
+        original = FlushQueue.claim
 
-        async def claim(limit: int, now_s: float, policy: ClaimPolicy) -> Claimed:
-            claimed = await original(limit, now_s, policy)
-            rows = claimed.objects
+        async def claim(queue: FlushQueue, seqs: Sequence[int]) -> list[LocalObject]:
+            rows = await original(queue, seqs)
             if rows:
                 self.seqs += [r.seq for r in rows]
                 self._event.set()
                 if self.then is not None:
                     self.then(rows)
-            return claimed
+            return rows
 
-        monkeypatch.setattr(journal, "claim", claim)
+        monkeypatch.setattr(FlushQueue, "claim", claim)
 
     async def wait_for_seq(self, seq: int) -> None:
         async def wait() -> None:
@@ -404,13 +382,60 @@ async def test_flusher_waits_for_backoff_before_retrying(
         await _until(journal, retried)
         # The wall clock stands still: the row is not eligible, nothing is sent again.
         for _ in range(3):
-            assert (await journal.claim(10, clock.wall(), ADMIT_ALL)).objects == []
+            flusher.wake()
+            await asyncio.sleep(0)
+        assert upstream.ops("put") == [("put", BUCKET, "k")]
         clock.advance(1.0)
+        flusher.wake()
         await _drained(journal)
 
     assert upstream.ops("put") == [("put", BUCKET, "k")] * 2
     final = await journal.get(BUCKET, "k")
     assert final is not None and final.seq == row.seq and final.state == FlushState.DURABLE
+
+
+# -- no busy loops (issue 13, item 4) ------------------------------------------------------
+
+
+async def test_flusher_sleeps_while_its_lane_is_full(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    """One upload held in flight fills the lane: writes into it wake nobody, and the loop
+    does not look again until the upload ends (counted rounds, no timing)."""
+    upstream.put_gate = asyncio.Event()
+    flusher = Flusher(
+        journal, blobs, upstream, SystemClock(), backoff=_backoff(), lanes=LaneConfig(concurrency=1)
+    )
+    async with _running(flusher):
+        await _write(journal, blobs, "lane/first", b"held")
+        await asyncio.wait_for(upstream.put_arrived.wait(), WAIT_S)
+        await _write(journal, blobs, "lane/second", b"x")  # the loop settles meanwhile
+        rounds = flusher.claim_rounds
+        for i in range(50):
+            await _write(journal, blobs, f"lane/more-{i}", b"x")
+            for _ in range(5):
+                await asyncio.sleep(0)  # every chance to spin
+        assert flusher.claim_rounds == rounds
+        upstream.put_gate.set()
+        await _drained(journal)
+    # After the gate: one round per upload that ended, each handing out the next row.
+    assert flusher.empty_rounds <= 3, flusher.empty_rounds
+
+
+async def test_flusher_sleeps_through_a_retry_after_pause(
+    journal: Journal, blobs: BlobStore, upstream: FakeUpstream
+) -> None:
+    """The lane is paused by Retry-After while rows' backoffs have expired: the loop looks
+    a few times (0.25 s, then more rarely) instead of rescanning without pause. The old
+    loop made thousands of empty rounds per second here."""
+    upstream.fail_puts(Throttled("SlowDown", retry_after_s=0.6))
+    flusher = Flusher(journal, blobs, upstream, SystemClock(), backoff=_backoff())
+    async with _running(flusher):
+        for i in range(20):
+            await _write(journal, blobs, f"lane/{i}", b"x")
+        await _drained(journal, timeout_s=10.0)
+    assert len(upstream.ops("put")) == 21
+    assert flusher.empty_rounds <= 8, flusher.empty_rounds
 
 
 # -- permanent failures ---------------------------------------------------------------------
@@ -430,7 +455,7 @@ async def test_flusher_fatal_marks_failed_until_retry_failed(
         assert row is not None
         assert row.last_error is not None and "AccessDenied" in row.last_error
         assert row.attempts == 1
-        assert [r.meta.key for r in await journal.failed()] == ["denied"]
+        assert [r.meta.key for r in await FlushQueue(journal).failed()] == ["denied"]
         assert upstream.body(BUCKET, "denied") is None
         status = flusher.status()
         assert (status.uploads_ok, status.uploads_failed, status.retries) == (0, 1, 0)
@@ -438,14 +463,14 @@ async def test_flusher_fatal_marks_failed_until_retry_failed(
         assert await journal.unflushed(None, "", journal.last_seq) == (1, len(b"precious"))
         assert blobs.path(row.blob_id or "").read_bytes() == b"precious"  # data kept
 
-        assert await journal.retry_failed() == 1
+        assert await flusher.retry_failed() == 1
         await _drained(journal)
 
     assert upstream.body(BUCKET, "denied") == b"precious"
     row = await journal.get(BUCKET, "denied")
     assert row is not None
     assert (row.state, row.last_error) == (FlushState.DURABLE, None)
-    assert await journal.failed() == []
+    assert await FlushQueue(journal).failed() == []
 
 
 async def test_flusher_missing_blob_is_fatal(
@@ -647,7 +672,7 @@ async def test_flusher_restart_resumes_rows_left_flushing(
 ) -> None:
     a = await _write(journal, blobs, "a", b"alpha")
     b = await _write(journal, blobs, "b", b"beta")
-    claimed = (await journal.claim(1, time.time(), ADMIT_ALL)).objects
+    claimed = await claim_pending(journal, 1, time.time())
     assert [o.seq for o in claimed] == [a.seq]
     row = await journal.get(BUCKET, "a")
     assert row is not None and row.state == FlushState.FLUSHING

@@ -3,7 +3,7 @@ isolation, large single PUTs as multipart, abandoned uploads, global rate limits
 
 A real Journal and BlobStore on tmp_path and the in-memory FakeUpstream. Time is a
 FakeClock the tests move by hand (acked_s comes from the same clock); the flusher is woken
-through ``journal.pending_event`` after a move. Nothing sleeps except short polls.
+(``Flusher.wake``) after a move. Nothing sleeps except short polls.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
-from fakes import FakeUpstream
+from fakes import FakeUpstream, until_changed
 
 from gateway.clock import FakeClock
 from gateway.flush import flusher as flusher_module
@@ -30,6 +30,8 @@ from gateway.flush.policy import PolicyConfig
 from gateway.models import FlushState, LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
+from gateway.store.queue import FlushQueue
+from gateway.store.records import UpstreamUploadRecords
 from gateway.upstream.classify import Retryable, Throttled
 
 BUCKET = "ckpt"
@@ -93,12 +95,17 @@ def _flusher(
     )
 
 
+_RUNNING: set[Flusher] = set()  # woken by _advance
+
+
 @contextlib.asynccontextmanager
 async def _running(flusher: Flusher) -> AsyncIterator[asyncio.Task[None]]:
     task = asyncio.create_task(flusher.run(), name="test flusher")
+    _RUNNING.add(flusher)
     try:
         yield task
     finally:
+        _RUNNING.discard(flusher)
         await flusher.stop(1.0)
         await asyncio.wait_for(task, WAIT_S)
 
@@ -150,14 +157,8 @@ async def _copy(
 async def _until(
     journal: Journal, check: Callable[[], Awaitable[bool]], timeout_s: float = WAIT_S
 ) -> None:
-    """Wait until ``check()`` holds, re-checked at every flush outcome (``changed``)."""
-
-    async def wait() -> None:
-        async with journal.changed:
-            while not await check():
-                await journal.changed.wait()
-
-    await asyncio.wait_for(wait(), timeout_s)
+    """Wait until ``check()`` holds, re-checked after every committed journal change."""
+    await until_changed(journal, check, timeout_s)
 
 
 async def _eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = WAIT_S) -> None:
@@ -187,7 +188,8 @@ async def _attempts_are(journal: Journal, keys: list[str], attempts: int) -> Non
 
 def _advance(journal: Journal, clock: FakeClock, seconds: float) -> None:
     clock.advance(seconds)
-    journal.pending_event.set()  # the flusher's idle wait ends; it claims again
+    for flusher in _RUNNING:
+        flusher.wake()  # the flusher's idle wait ends; it claims again
 
 
 def _lane(flusher: Flusher, prefix: str) -> LaneStatus:
@@ -465,7 +467,7 @@ async def test_marker_waits_for_a_failed_shard(
         await _until(journal, failed_and_other_durable)
         assert MARKER not in [key for _, _, key in upstream.log]
 
-        assert await journal.retry_failed() == 1
+        assert await FlushQueue(journal).retry_failed() == 1
         await _drained(journal)
 
     assert [key for _, _, key in upstream.log][-1] == MARKER
@@ -486,13 +488,9 @@ async def test_rename_dance_uploads_only_the_final_marker(
     async with _running(flusher):
         await _write(journal, blobs, clock, "p/.metadata.tmp", b"{the metadata}")
 
-        # Past the write-back delay: the temp key is claimed for a look, and held.
+        # Past the write-back delay: the temp key is still held, until its hold ends.
         _advance(journal, clock, 0.6)
-
-        async def held() -> bool:
-            return await journal.next_retry_s() == pytest.approx(t0 + 10.0)
-
-        await _eventually(held)
+        assert flusher.order.next_due_s() == pytest.approx(t0 + 10.0)
         assert upstream.log == []
 
         await _delete(journal, blobs, clock, "p/.metadata")
@@ -616,13 +614,15 @@ async def test_single_put_above_threshold_goes_up_as_multipart(
     joined = b"".join(hashlib.md5(p).digest() for p in pieces)
     expected_etag = f"{hashlib.md5(joined).hexdigest()}-2"
     recorded: list[tuple[str, str, str]] = []
-    record = journal.record_upstream_upload
+    record = UpstreamUploadRecords.record_upstream_upload
 
-    async def record_spy(upload_id: str, bucket: str, key: str, created_s: float) -> None:
+    async def record_spy(
+        records: UpstreamUploadRecords, upload_id: str, bucket: str, key: str, created_s: float
+    ) -> None:
         recorded.append((upload_id, bucket, key))
-        await record(upload_id, bucket, key, created_s)
+        await record(records, upload_id, bucket, key, created_s)
 
-    monkeypatch.setattr(journal, "record_upstream_upload", record_spy)
+    monkeypatch.setattr(UpstreamUploadRecords, "record_upstream_upload", record_spy)
     flusher = _flusher(journal, blobs, upstream, clock, multipart_threshold_bytes=MiB)
     async with _running(flusher):
         row = await _write(journal, blobs, clock, "big.pt", body)
@@ -637,7 +637,7 @@ async def test_single_put_above_threshold_goes_up_as_multipart(
         (True, BUCKET, "big.pt"),
         (False, BUCKET, "big.pt"),
     ]
-    assert await journal.upstream_uploads() == []  # forgotten once complete
+    assert await UpstreamUploadRecords(journal).upstream_uploads() == []  # forgotten once complete
     done = await journal.get(BUCKET, "big.pt")
     assert done is not None and (done.seq, done.state) == (row.seq, FlushState.DURABLE)
     # The local row keeps the ETag the client was given (MD5 of the body), which is not the
@@ -663,11 +663,13 @@ async def test_single_put_at_the_threshold_is_a_plain_put(
 async def test_abandoned_upload_is_aborted_at_start(
     journal: Journal, blobs: BlobStore, upstream: FakeUpstream, clock: FakeClock
 ) -> None:
-    await journal.record_upstream_upload("up-crashed", BUCKET, "big.pt", clock.wall())
+    await UpstreamUploadRecords(journal).record_upstream_upload(
+        "up-crashed", BUCKET, "big.pt", clock.wall()
+    )
     async with _running(_flusher(journal, blobs, upstream, clock)):
 
         async def forgotten() -> bool:
-            return await journal.upstream_uploads() == []
+            return await UpstreamUploadRecords(journal).upstream_uploads() == []
 
         await _eventually(forgotten)
         await _write(journal, blobs, clock, "after", b"flushes as usual")
@@ -684,7 +686,9 @@ async def test_upload_created_but_not_recorded_is_found_by_its_intent(
     the sweep aborts the open uploads of exactly that key (whatever their Initiated time:
     moto, for one, reports a constant), and nothing else."""
     now_s = clock.wall()
-    await journal.record_upstream_upload("intent:abc", BUCKET, "big.pt", now_s)
+    await UpstreamUploadRecords(journal).record_upstream_upload(
+        "intent:abc", BUCKET, "big.pt", now_s
+    )
     upstream.open_uploads = {
         "lost": (BUCKET, "big.pt", 1_289_422_113.0),  # what the crash left (moto's date)
         "other-key": (BUCKET, "big.pt.1", now_s + 0.5),
@@ -693,7 +697,7 @@ async def test_upload_created_but_not_recorded_is_found_by_its_intent(
     async with _running(_flusher(journal, blobs, upstream, clock)):
 
         async def forgotten() -> bool:
-            return await journal.upstream_uploads() == []
+            return await UpstreamUploadRecords(journal).upstream_uploads() == []
 
         await _eventually(forgotten)
     assert upstream.aborted == ["lost"]
@@ -714,12 +718,16 @@ async def test_abandoned_upload_is_kept_when_the_abort_fails(
     journal: Journal, blobs: BlobStore, clock: FakeClock
 ) -> None:
     upstream = _AbortUnreachable()
-    await journal.record_upstream_upload("up-crashed", BUCKET, "big.pt", clock.wall())
+    await UpstreamUploadRecords(journal).record_upstream_upload(
+        "up-crashed", BUCKET, "big.pt", clock.wall()
+    )
     async with _running(_flusher(journal, blobs, upstream, clock)):
         await _write(journal, blobs, clock, "k", b"v")
         await _drained(journal)  # the failed abort does not stop flushing
     assert upstream.abort_calls == 1
-    assert await journal.upstream_uploads() == [("up-crashed", BUCKET, "big.pt")]
+    assert await UpstreamUploadRecords(journal).upstream_uploads() == [
+        ("up-crashed", BUCKET, "big.pt")
+    ]
 
 
 # -- (g) global and lane rate limits --------------------------------------------------------

@@ -9,10 +9,12 @@ import random
 from pathlib import Path
 
 import pytest
+from awscrt import checksums as crt_checksums
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.flush.parts import FileWindow, part_size_bytes, split_parts
+from gateway.store.integrity import BodyDigest
 from gateway.upstream.classify import Corrupt
 
 MiB = 1 << 20
@@ -166,11 +168,17 @@ async def test_split_parts_checks_the_whole_body_in_the_same_read(
     big_file: tuple[Path, bytes],
 ) -> None:
     path, data = big_file
+    crc = crt_checksums.crc32c(data)
+    md5 = hashlib.md5(data).hexdigest()
     with path.open("rb") as f:
-        sources, _ = await split_parts(f, len(data), require_md5=hashlib.md5(data).hexdigest())
+        sources, _ = await split_parts(f, len(data), require=BodyDigest(len(data), crc, md5))
         assert len(sources) == 3
+        with pytest.raises(Corrupt, match=r"^local corruption: body CRC32C"):
+            await split_parts(f, len(data), require=BodyDigest(len(data), crc ^ 1, md5))
+        # A row from before CRC32C was stored: checked by MD5 in the same read.
+        await split_parts(f, len(data), require=BodyDigest(len(data), None, md5))
         with pytest.raises(Corrupt, match=r"^local corruption: body MD5"):
-            await split_parts(f, len(data), require_md5="0" * 32)
+            await split_parts(f, len(data), require=BodyDigest(len(data), None, "0" * 32))
 
 
 async def test_split_parts_windows_read_concurrently(big_file: tuple[Path, bytes]) -> None:

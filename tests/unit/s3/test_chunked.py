@@ -377,6 +377,25 @@ async def test_decode_rejects_tampered_signed_data(make_reader: ReaderFactory) -
     )
 
 
+async def test_decode_rejects_tampered_large_chunk_hashed_off_the_loop(
+    make_reader: ReaderFactory,
+) -> None:
+    # Pieces of large chunks are hashed in a worker thread: a change is caught all the same.
+    auth = context()
+    payload = bytes(range(256)) * 800  # 200 KiB, several pieces at a 64 KiB piece size
+    encoded, _ = frame_signed(auth, [payload, b"tail"])
+    tampered = encoded.replace(payload[150_000:150_010], b"X" * 10, 1)
+    assert tampered != encoded
+    for data, ok in ((encoded, True), (tampered, False)):
+        body = AwsChunkedBody(
+            make_reader(data), decoded_length=len(payload) + 4, auth=auth, max_piece_bytes=65536
+        )
+        if ok:
+            assert (await decode(body))[0] == payload + b"tail"
+        else:
+            await expect(SignatureDoesNotMatch, body)
+
+
 async def test_decode_rejects_wrong_seed(make_reader: ReaderFactory) -> None:
     encoded, _ = frame_signed(context(), [b"abc"])
     auth = context(seed="0" * 64)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from awscrt import checksums as crt_checksums
 
 from gateway.errors import EntityTooLarge
+from gateway.store import blobs as blobs_module
 from gateway.store.blobs import BlobStore
 
 
@@ -21,10 +25,11 @@ async def chunks(*parts: bytes, fail_after: int | None = None) -> AsyncIterator[
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> BlobStore:
+def store(tmp_path: Path) -> Iterator[BlobStore]:
     s = BlobStore(tmp_path, fsync=True, piece_bytes=64 * 1024)
     s.open_store()
-    return s
+    yield s
+    s.close()
 
 
 async def test_blobs_write_streams_and_hashes(store: BlobStore) -> None:
@@ -36,7 +41,53 @@ async def test_blobs_write_streams_and_hashes(store: BlobStore) -> None:
     assert blob.digests["md5"] == hashlib.md5(data).digest()
     assert blob.digests["sha256"] == hashlib.sha256(data).digest()
     assert blob.digests["crc32"] == zlib.crc32(data).to_bytes(4, "big")
+    assert blob.crc32c == crt_checksums.crc32c(data)  # always: the stored checksum
     assert not any((store.root / "tmp").iterdir())
+
+
+class _Rendezvous:
+    """A hasher (and a write) that waits for the other consumers of the same piece: it can
+    only get past ``update`` if they all run at the same time."""
+
+    def __init__(self, barrier: threading.Barrier, inner: Any) -> None:
+        self._barrier = barrier
+        self._inner = inner
+
+    def update(self, data: bytes | memoryview) -> None:
+        if len(data) >= 64 * 1024:  # the full pieces go in parallel (not the tail)
+            self._barrier.wait(timeout=5.0)
+        self._inner.update(data)
+
+    def digest(self) -> bytes:
+        return bytes(self._inner.digest())
+
+
+async def test_blobs_hash_and_write_each_piece_in_parallel(
+    store: BlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MD5, SHA-256 and the file write of a piece run at once (each in its own thread): a
+    consumer that waited for the others in turn would break the barrier."""
+    barrier = threading.Barrier(3)
+    real_new_hasher = blobs_module.new_hasher
+    real_write_all = blobs_module._write_all
+
+    def new_hasher(name: str) -> Any:
+        inner = real_new_hasher(name)
+        return _Rendezvous(barrier, inner) if name in ("md5", "sha256") else inner
+
+    def write_all(fd: int, data: bytes) -> None:
+        if len(data) >= 64 * 1024:
+            barrier.wait(timeout=5.0)
+        real_write_all(fd, data)
+
+    monkeypatch.setattr(blobs_module, "new_hasher", new_hasher)
+    monkeypatch.setattr(blobs_module, "_write_all", write_all)
+    data = bytes(range(256)) * 1200  # ~300 KiB: four full pieces and a tail
+    blob = await store.write(chunks(data[:100_000], data[100_000:]), {"md5", "sha256"})
+    assert store.path(blob.blob_id).read_bytes() == data
+    assert blob.digests["md5"] == hashlib.md5(data).digest()
+    assert blob.digests["sha256"] == hashlib.sha256(data).digest()
+    assert blob.crc32c == crt_checksums.crc32c(data)
 
 
 async def test_blobs_failed_write_leaves_nothing(store: BlobStore) -> None:

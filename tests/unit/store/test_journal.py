@@ -1,4 +1,5 @@
-"""Journal: versions, tombstones, the flush queue, recovery after a crash, drain figures."""
+"""Journal: versions, tombstones, the flush queue's outcomes, recovery after a crash, drain
+figures and fences kept from the changes."""
 
 from __future__ import annotations
 
@@ -7,18 +8,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fakes import claim_pending
 
 from gateway.models import FlushState, LocalObject, ObjectMeta
-from gateway.store.journal import CLAIM, Journal, QueueEntry, QueueView, Verdict
-
-
-class AdmitAll:
-    def decide(self, entry: QueueEntry, now_s: float, view: QueueView) -> Verdict:
-        return CLAIM
+from gateway.store.journal import Journal
+from gateway.store.queue import FlushQueue
 
 
 async def claim(journal: Journal, limit: int, now_s: float) -> list[LocalObject]:
-    return (await journal.claim(limit, now_s, AdmitAll())).objects
+    return await claim_pending(journal, limit, now_s)
 
 
 def meta(key: str, size: int = 10, etag: str = "e") -> ObjectMeta:
@@ -41,6 +39,11 @@ async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
     j.close()
 
 
+@pytest.fixture
+def queue(journal: Journal) -> FlushQueue:
+    return FlushQueue(journal)
+
+
 async def test_journal_put_supersedes_and_returns_old_blob(journal: Journal) -> None:
     first, old = await journal.commit_put(meta("k"), "blob1", 1.0)
     assert old == []
@@ -52,60 +55,62 @@ async def test_journal_put_supersedes_and_returns_old_blob(journal: Journal) -> 
     assert row.meta.user_metadata == {"m": "v"} and row.meta.checksums == {"crc32": "AAAAAA=="}
 
 
-async def test_journal_outcome_ignored_for_superseded_version(journal: Journal) -> None:
+async def test_journal_outcome_ignored_for_superseded_version(
+    journal: Journal, queue: FlushQueue
+) -> None:
     await journal.commit_put(meta("k"), "blob1", 1.0)
     [claimed] = await claim(journal, 10, 10.0)
     await journal.commit_put(meta("k", etag="new"), "blob2", 2.0)
-    assert await journal.mark_durable(claimed) is False
+    assert await queue.mark_durable(claimed) is False
     row = await journal.get("b", "k")
     assert row is not None and row.state is FlushState.PENDING and row.meta.etag == "new"
 
 
-async def test_journal_tombstone_removed_when_durable(journal: Journal) -> None:
+async def test_journal_tombstone_removed_when_durable(journal: Journal, queue: FlushQueue) -> None:
     await journal.commit_put(meta("k"), "blob1", 1.0)
     _, old = await journal.commit_delete("b", "k", 2.0)
     assert old == ["blob1"]
     [claimed] = await claim(journal, 10, 10.0)
     assert claimed.is_delete
-    assert await journal.mark_durable(claimed)
+    assert await queue.mark_durable(claimed)
     assert await journal.get("b", "k") is None
 
 
-async def test_journal_claim_order_and_backoff(journal: Journal) -> None:
+async def test_journal_claim_order_and_backoff(journal: Journal, queue: FlushQueue) -> None:
     for name in ("z", "a", "m"):
         await journal.commit_put(meta(name), f"blob-{name}", 1.0)
     claimed = await claim(journal, 2, 10.0)
     assert [c.meta.key for c in claimed] == ["z", "a"]  # acknowledgement order, not key order
-    await journal.retry_later(claimed[0], "SlowDown", not_before_s=100.0)
+    await queue.retry_later(claimed[0], "SlowDown", not_before_s=100.0)
     later = await claim(journal, 10, 50.0)
     assert [c.meta.key for c in later] == ["m"]
     again = await claim(journal, 10, 150.0)
     assert [(c.meta.key, c.attempts) for c in again] == [("z", 1)]
 
 
-async def test_journal_failed_kept_until_retry(journal: Journal) -> None:
+async def test_journal_failed_kept_until_retry(journal: Journal, queue: FlushQueue) -> None:
     await journal.commit_put(meta("k"), "blob1", 1.0)
     [claimed] = await claim(journal, 10, 10.0)
-    await journal.mark_failed(claimed, "AccessDenied")
+    await queue.mark_failed(claimed, "AccessDenied")
     assert await claim(journal, 10, 10.0) == []
-    [failed] = await journal.failed()
+    [failed] = await queue.failed()
     assert failed.state is FlushState.FAILED and failed.last_error == "AccessDenied"
-    assert await journal.retry_failed() == 1
+    assert await queue.retry_failed() == 1
     assert [c.meta.key for c in await claim(journal, 10, 10.0)] == ["k"]
 
 
-async def test_journal_shutdown_wait_skips_failed_rows(journal: Journal) -> None:
+async def test_journal_shutdown_wait_skips_failed_rows(journal: Journal, queue: FlushQueue) -> None:
     """A failed row waits for an operator: a drain fence counts it, but a waiter with a
     deadline that skips failed rows (shutdown) returns at once instead of at its timeout."""
     await journal.commit_put(meta("bad", size=7), "blob1", 1.0)
     [claimed] = await claim(journal, 10, 10.0)
-    await journal.mark_failed(claimed, "AccessDenied")
+    await queue.mark_failed(claimed, "AccessDenied")
     await journal.commit_put(meta("ok", size=5), "blob2", 2.0)
     fence = journal.last_seq
     assert await journal.unflushed(None, "", fence) == (2, 12)
     assert await journal.unflushed(None, "", fence, skip_failed=True) == (1, 5)
     [ok] = await claim(journal, 10, 10.0)
-    await journal.mark_durable(ok)
+    await queue.mark_durable(ok)
     assert await journal.wait_flushed(None, "", fence, 60.0, skip_failed=True) == (0, 0)
     assert await journal.wait_flushed(None, "", fence, 0.0) == (1, 7)
 
@@ -145,37 +150,41 @@ async def test_journal_drain_figures_respect_fence_and_prefix(journal: Journal) 
     assert await journal.unflushed("other-bucket", "", fence) == (0, 0)
     stats = await journal.stats()
     assert stats.backlog.pending_objects == 4 and stats.backlog.pending_bytes == 36
-    lanes = await journal.lanes(lambda key: key.split("/")[0] + "/")
-    assert lanes[("b", "ckpt/")] == (3, 25) and lanes[("b", "other/")] == (1, 11)
 
 
-async def test_journal_fence_covers_a_key_overwritten_after_it(journal: Journal) -> None:
+async def test_journal_fence_covers_a_key_overwritten_after_it(
+    journal: Journal, queue: FlushQueue
+) -> None:
     await journal.commit_put(meta("ckpt/p/k", size=5), "b1", 1.0)
     fence = journal.last_seq
     await journal.commit_put(meta("ckpt/p/k", size=9), "b2", 2.0)  # pending v1 superseded
     await journal.commit_delete("b", "ckpt/p/k", 3.0)  # and again, by a tombstone
     assert await journal.unflushed("b", "ckpt/p/", fence) == (1, 0)
     [tomb] = await claim(journal, 10, 10.0)
-    assert await journal.mark_durable(tomb)
+    assert await queue.mark_durable(tomb)
     assert await journal.unflushed("b", "ckpt/p/", fence) == (0, 0)
 
 
-async def test_journal_fence_restarts_after_the_key_was_durable(journal: Journal) -> None:
+async def test_journal_fence_restarts_after_the_key_was_durable(
+    journal: Journal, queue: FlushQueue
+) -> None:
     await journal.commit_put(meta("k", size=5), "b1", 1.0)
     [v1] = await claim(journal, 10, 10.0)
-    assert await journal.mark_durable(v1)
+    assert await queue.mark_durable(v1)
     fence = journal.last_seq
     await journal.commit_put(meta("k", size=9), "b2", 2.0)  # v1 was durable: not fenced
     assert await journal.unflushed("b", "", fence) == (0, 0)
     assert await journal.unflushed("b", "", journal.last_seq) == (1, 9)
 
 
-async def test_journal_fence_carried_over_a_flushing_version(journal: Journal) -> None:
+async def test_journal_fence_carried_over_a_flushing_version(
+    journal: Journal, queue: FlushQueue
+) -> None:
     await journal.commit_put(meta("k", size=5), "b1", 1.0)
     fence = journal.last_seq
     [v1] = await claim(journal, 10, 10.0)
     await journal.commit_put(meta("k", size=9), "b2", 2.0)  # supersedes an in-flight upload
-    assert await journal.mark_durable(v1) is False
+    assert await queue.mark_durable(v1) is False
     assert await journal.unflushed("b", "", fence) == (1, 9)
 
 

@@ -8,16 +8,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fakes import claim_pending
 
 from gateway.models import FlushState, ObjectMeta
-from gateway.store.journal import CLAIM, Journal, QueueEntry, QueueView, Verdict
+from gateway.store.journal import Journal
+from gateway.store.queue import FlushQueue
 
 HOSTILE_ERRORS = ["caf\udce9", "\udcff\udcfe", "nul\x00byte", "\ud800 alone", "x" * 100_000]
-
-
-class _AdmitAll:
-    def decide(self, entry: QueueEntry, now_s: float, view: QueueView) -> Verdict:
-        return CLAIM
 
 
 @pytest.fixture
@@ -37,11 +34,12 @@ async def _claimed(journal: Journal, key: str) -> None:
 async def test_journal_records_any_error_text(journal: Journal, error: str) -> None:
     await _claimed(journal, "retried")
     await _claimed(journal, "failed")
-    retried, failed = (await journal.claim(10, 10.0, _AdmitAll())).objects
-    await journal.retry_later(retried, error, not_before_s=1e12)
-    await journal.mark_failed(failed, error)
+    queue = FlushQueue(journal)
+    retried, failed = await claim_pending(journal, 10, 10.0)
+    await queue.retry_later(retried, error, not_before_s=1e12)
+    await queue.mark_failed(failed, error)
     await _claimed(journal, "corrupt")
-    [corrupt] = (await journal.claim(10, 10.0, _AdmitAll())).objects
+    [corrupt] = await claim_pending(journal, 10, 10.0)
     assert corrupt.meta.key == "corrupt"
     assert await journal.mark_corrupt(corrupt, error) == []
 

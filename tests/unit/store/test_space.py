@@ -10,20 +10,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fakes import claim_pending
 
 from gateway.clock import Clock
 from gateway.errors import SlowDown
 from gateway.models import FlushState, ObjectMeta
 from gateway.store.blobs import BlobStore
-from gateway.store.journal import CLAIM, Journal, QueueEntry, QueueView, Verdict
+from gateway.store.journal import Journal
+from gateway.store.queue import FlushQueue
 from gateway.store.space import CacheSpace, current_grant
 from gateway.store.uploads import Part, UploadJournal
 from gateway.store.verify import verify_data_dir
-
-
-class AdmitAll:
-    def decide(self, entry: QueueEntry, now_s: float, view: QueueView) -> Verdict:
-        return CLAIM
 
 
 class FakeClock(Clock):
@@ -48,6 +45,7 @@ class Env:
         self.blobs.open_store()
         self.journal = Journal(root / "journal.db", fsync=False)
         self.journal.open()
+        self.queue = FlushQueue(self.journal)
         self.clock = FakeClock()
         self.space = CacheSpace(
             self.journal,
@@ -70,12 +68,12 @@ class Env:
         self.clock.now_s += 1
         await self.journal.commit_put(meta, blob.blob_id, self.clock.wall())
         if durable:
-            claimed = (await self.journal.claim(100, 1e12, AdmitAll())).objects
+            claimed = await claim_pending(self.journal, 100, 1e12)
             for obj in claimed:
                 if obj.meta.key == key:
-                    await self.journal.mark_durable(obj)
+                    await self.queue.mark_durable(obj)
                 else:
-                    await self.journal.release([obj])
+                    await self.queue.release([obj])
         return blob.blob_id
 
     def close(self) -> None:
@@ -92,7 +90,6 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
 
 async def test_space_admits_until_unflushed_bytes_reach_capacity(env: Env) -> None:
     await env.put("pending", b"x" * 600)
-    await env.space.refresh()  # as at startup; later writes are counted as admitted
     async with env.space.admit(400):
         pass
     with pytest.raises(SlowDown):
@@ -130,19 +127,33 @@ async def test_space_durable_bytes_never_refuse_a_write(env: Env) -> None:
         grant.commit(1000)
 
 
-async def test_space_refreshes_before_refusing(env: Env) -> None:
+async def test_space_sees_a_flush_at_once(env: Env) -> None:
     await env.put("k", b"x" * 900)
-    await env.space.refresh()
-    [obj] = (await env.journal.claim(10, 1e12, AdmitAll())).objects
-    await env.journal.mark_durable(obj)  # the snapshot still says 900 unflushed
+    with pytest.raises(SlowDown):
+        async with env.space.admit(900):
+            pass
+    [obj] = await claim_pending(env.journal, 10, 1e12)
+    await env.queue.mark_durable(obj)  # the figures follow the change: no query, no lag
     async with env.space.admit(900):
         pass
+
+
+async def test_space_figures_survive_a_restart(env: Env) -> None:
+    await env.put("cached", b"c" * 300, durable=True)
+    await env.put("pending", b"p" * 200)
+    before = await env.space.refresh()
+    env.journal.close()
+    env.journal = Journal(env.root / "journal.db", fsync=False)
+    env.journal.open()  # loaded by one pass over the rows
+    assert env.journal.figures.space() == before
+    stats = await env.journal.stats()
+    assert (stats.flushed_objects, stats.flushed_bytes) == (1, 300)
+    assert stats.backlog.pending_objects == 1 and stats.backlog.pending_bytes == 200
 
 
 async def test_space_evicts_lru_durable_rows_down_to_low_watermark(env: Env) -> None:
     blobs = {k: await env.put(k, k.encode() * 200, durable=True) for k in ("a", "b", "c", "d")}
     pending = await env.put("p", b"p" * 150)
-    await env.space.refresh()  # as at startup
     env.space.touch("b", "a")  # read most recently: survives
     freed = await env.space.evict_if_needed()  # used 950 > 900: down to <= 500
     assert freed == 600
@@ -183,7 +194,7 @@ async def test_space_eviction_skips_row_overwritten_meanwhile(env: Env) -> None:
 
     victims = await env.journal.run_read(lambda c: _lru_durable(c, 950))
     await env.put("k", b"n" * 10)  # a newer pending version replaces the durable one
-    removed = await env.journal.run_write(lambda c: _delete_rows(c, victims))
+    removed = await env.journal.run_write(lambda c: _delete_rows(env.journal, c, victims))
     assert removed == []
     row = await env.journal.get("b", "k")
     assert row is not None and row.state is FlushState.PENDING
@@ -284,8 +295,9 @@ async def test_space_fill_reservations_count_against_the_high_watermark(env: Env
     assert env.space.estimated_used_bytes() == 800
     env.space.release_fill(500, is_kept=False)
     assert env.space.filling_bytes == 0 and env.space.reserve_fill(600)
-    env.space.release_fill(600, is_kept=True)  # committed: counted until the next snapshot
-    assert env.space.filling_bytes == 0 and env.space.estimated_used_bytes() == 900
+    # Kept: the copy's row is in the journal's figures from its commit, not counted here.
+    env.space.release_fill(600, is_kept=True)
+    assert env.space.filling_bytes == 0 and env.space.estimated_used_bytes() == 300
 
 
 async def test_space_evicts_durable_rows_for_copies_being_written(env: Env) -> None:
