@@ -24,22 +24,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from fakes import claim_pending
 from harness import GatewayProcess, read_body, unique_bucket_name
 from headercases import CASES, VALUES, HeaderCase, is_utf8
 
 from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.blobs import BlobStore
-from gateway.store.journal import CLAIM, Journal, QueueEntry, QueueView, Verdict
+from gateway.store.journal import Journal
 
 BODY = b"an acknowledged body that must not be lost"
 CLEAN_ROWS = 20
 DRAIN_TIMEOUT_S = 120.0
 SHUTDOWN_DRAIN_S = 60.0
-
-
-class _AdmitAll:
-    def decide(self, entry: QueueEntry, now_s: float, view: QueueView) -> Verdict:
-        return CLAIM
 
 
 async def _chunks() -> AsyncIterator[bytes]:
@@ -90,7 +86,7 @@ async def _seed(data_dir: Path, bucket: str) -> None:
         await put("ckpt/good/shard-0", HeaderCase("x-amz-meta-a", "plain"))
         await put("ckpt/good/.metadata")
         # A crash of that gateway left these mid-upload.
-        await journal.claim(len(CASES) // 3, time.time() + 1, _AdmitAll())
+        await claim_pending(journal, len(CASES) // 3, time.time() + 1)
     finally:
         journal.close()
         blobs.close()
