@@ -680,6 +680,18 @@ class GatewayProcess:
         if self in GatewayProcess.live:
             GatewayProcess.live.remove(self)
 
+    def logged(self, fragment: str, timeout_s: float = 5.0, *, after: str = "") -> str:
+        """The log from ``after``'s last occurrence on (all of it by default) once that part
+        holds ``fragment``, or as it is at the timeout: lines are written in batches, a few
+        tens of milliseconds after what they tell."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = self.log_path.read_text(errors="replace")
+            text = text[text.rfind(after) :] if after and after in text else text
+            if fragment in text or time.monotonic() >= deadline:
+                return text
+            time.sleep(0.02)
+
     def log_tail(self, lines: int = 80) -> str:
         try:
             text = self.log_path.read_text(errors="replace")

@@ -95,6 +95,12 @@ async def s3_errors(request: web.Request, handler: Handler) -> web.StreamRespons
         return render_error(request, InternalError())
 
 
+def note_body_sent(request: web.Request, size_bytes: int) -> None:
+    """Count body bytes sent around the response writer (sendfile)."""
+    if _SENT_KEY in request:
+        request[_SENT_KEY] += size_bytes
+
+
 def body_bytes_sent(request: web.Request) -> int:
     """Response body bytes written to the connection so far (counted once prepared)."""
     return int(request.get(_SENT_KEY, 0))

@@ -21,12 +21,14 @@ import asyncio
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
 from gateway.core.bodies import BodySource, FileSpan, read_span
 from gateway.metrics import GET_BODY_BYTES
+from gateway.s3.middleware import note_body_sent
 
 _COPY_PIECE_BYTES = 1 << 20  # TLS: read and write in 1 MiB pieces, the next read overlapped
 _SENDFILE_THREADS = 8
@@ -58,7 +60,7 @@ async def send_body(request: web.Request, response: web.StreamResponse, source: 
                     await response.write(piece)
                     _STREAMED.inc(len(piece))
             elif sender is not None:
-                await sender.send(piece)
+                await sender.send(piece, lambda n: note_body_sent(request, n))
                 _SENT.inc(piece.count)
             else:
                 await _copy_span(response, piece)
@@ -92,7 +94,8 @@ class _ZeroCopy:
         with contextlib.suppress(OSError):
             os.close(self._fd)
 
-    async def send(self, span: FileSpan) -> None:
+    async def send(self, span: FileSpan, on_sent: Callable[[int], None]) -> None:
+        """Send ``span`` whole; ``on_sent(n)`` after each ``n`` bytes the kernel took."""
         await self._flushed()
         offset, left = span.offset, span.count
         while left > 0:
@@ -105,6 +108,7 @@ class _ZeroCopy:
                 continue
             if sent == 0:
                 raise OSError(f"body file ended {left} bytes early")
+            on_sent(sent)
             offset += sent
             left -= sent
 

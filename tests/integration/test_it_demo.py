@@ -52,7 +52,7 @@ def test_a_demo_restart_starts_empty_and_says_so(demo: DemoGateway) -> None:
     demo.drained(bucket="demo")
     assert flush_state(s3.head_object(Bucket="demo", Key="ckpt/step_1/rank_0.pt")) == "durable"
     assert read_body(s3.get_object(Bucket="demo", Key="ckpt/step_1/rank_0.pt")) == b"weights"
-    assert "it starts empty too" in demo.log_path.read_text()
+    assert "it starts empty too" in demo.logged("it starts empty too")
 
     demo.restart(hard=False)
     s3 = demo.client()
@@ -63,7 +63,7 @@ def test_a_demo_restart_starts_empty_and_says_so(demo: DemoGateway) -> None:
     assert s3.list_objects_v2(Bucket="demo").get("KeyCount") == 0
     status = demo.status()
     assert (status["pending_objects"], status["flushed_objects"]) == (0, 0)
-    banner = demo.log_path.read_text().split("===== start #2")[1]
+    banner = demo.logged("was emptied at this start", after="===== start #2")
     assert "DEMO MODE" in banner and "was emptied at this start" in banner
 
 

@@ -212,8 +212,9 @@ def test_stop_and_restart_say_what_is_left_and_what_was_recovered(
     assert "exiting with 2 objects (2.9 KiB) not yet flushed" in first_run
 
     gw.start()
-    restarted = gw.log_path.read_text().split("===== start #2")[1]
-    assert "recovered 2 pending objects (2.9 KiB) from the journal; flushing resumes" in restarted
+    recovered = "recovered 2 pending objects (2.9 KiB) from the journal; flushing resumes"
+    restarted = gw.logged(recovered, after="===== start #2")
+    assert recovered in restarted
     gw.drained(bucket=bucket)
     gw.send_signal(signal.SIGTERM)
     assert gw.wait_exit() == 0

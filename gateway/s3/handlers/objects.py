@@ -230,10 +230,9 @@ async def get_object(
     try:
         await response.prepare(request)
         await send_body(request, response, source)
-    except ConnectionError as exc:
-        log.info("GET %s: the client went away mid-body: %s", request.path, exc)
+    except ConnectionError:
         _cut(request)
-        return response
+        raise  # a client abort: logged as such, with the bytes sent (middleware.s3_errors)
     except Exception:
         # The status line and Content-Length are gone: the only honest signal left is a
         # body cut short. Close the connection so the client sees it at once (a failed

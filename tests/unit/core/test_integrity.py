@@ -55,7 +55,7 @@ async def test_verifier_hashes_once_until_the_file_changes(
         assert verifier.hashed_bytes == len(data)
         assert verifier.is_known_good(fd, check)
 
-        _rewrite(tmp_path, "blob", b"\x00")
+        _rewrite(tmp_path, "blob", bytes([data[0] ^ 0xFF]))  # always a different byte
         assert not verifier.is_known_good(fd, check)
         reports: list[str] = []
 
