@@ -110,6 +110,11 @@ class FakeUpstream:
         self.part_gate: asyncio.Event | None = None
         self.part_arrived = asyncio.Event()
         self._uploads_made = 0
+        self.changed = asyncio.Event()  # set after every write call (see ``until``)
+        # (upload id, part number) of an upload_part that began while another of the same
+        # part was in flight (the early flusher promises this never happens).
+        self.part_overlaps: list[tuple[str, int]] = []
+        self._parts_in_flight: set[tuple[str, int]] = set()
 
     # -- test helpers ----------------------------------------------------------------------
 
@@ -155,6 +160,18 @@ class FakeUpstream:
     def ops(self, op: str) -> list[Request]:
         return [r for r in self.log if r[0] == op]
 
+    async def until(self, check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+        """Wait until ``check()`` holds, checking again after every write call (no polling)."""
+
+        async def wait() -> None:
+            while True:
+                self.changed.clear()
+                if check():
+                    return
+                await self.changed.wait()
+
+        await asyncio.wait_for(wait(), timeout_s)
+
     # -- writes (FlushError only) ----------------------------------------------------------
 
     async def put_object(self, meta: ObjectMeta, body: BinaryIO | Path) -> str:
@@ -167,6 +184,7 @@ class FakeUpstream:
         self.aborted.append(upload_id)
         self.open_uploads.pop(upload_id, None)
         self.upload_parts.pop(upload_id, None)
+        self.changed.set()
         return True
 
     async def list_open_uploads(self, bucket: str, key: str) -> list[tuple[str, float]]:
@@ -229,6 +247,7 @@ class FakeUpstream:
         stored = dataclasses.replace(meta, size_bytes=len(data), etag=etag)
         self.buckets[meta.bucket][meta.key] = (data, stored)
         self.stored.append((meta.bucket, meta.key, data))
+        self.changed.set()
         return etag
 
     async def create_multipart(self, meta: ObjectMeta) -> str:
@@ -239,23 +258,33 @@ class FakeUpstream:
         upload_id = f"early-{self._uploads_made}"
         self.open_uploads[upload_id] = (meta.bucket, meta.key, time.time())
         self.upload_parts[upload_id] = {}
+        self.changed.set()
         return upload_id
 
     async def upload_part(
         self, bucket: str, key: str, upload_id: str, part_number: int, part: PartSource
     ) -> str:
         self.log.append(("upload_part", bucket, key))
-        data = await _read_part(part)
-        self._raise_fault(self._part_faults, key)
-        if self.part_gate is not None:
-            self.part_arrived.set()
-            await self.part_gate.wait()
+        self.changed.set()
+        ident = (upload_id, part_number)
+        if ident in self._parts_in_flight:
+            self.part_overlaps.append(ident)
+        self._parts_in_flight.add(ident)
+        try:
+            data = await _read_part(part)
+            self._raise_fault(self._part_faults, key)
+            if self.part_gate is not None:
+                self.part_arrived.set()
+                await self.part_gate.wait()
+        finally:
+            self._parts_in_flight.discard(ident)
         if upload_id not in self.open_uploads:
             raise Fatal(f"NoSuchUpload: {upload_id} (HTTP 404)")
         etag = hashlib.md5(data).hexdigest()
         if len(data) != part.size_bytes or etag != part.md5_hex:
             raise Fatal(f"BadDigest: part {part_number} of {key} (HTTP 400)")
         self.upload_parts[upload_id][part_number] = (data, etag)
+        self.changed.set()
         return etag
 
     async def complete_multipart(

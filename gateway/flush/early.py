@@ -197,6 +197,11 @@ class EarlyUploads:
         await self._uploads.track(upload_id, early.upload.bucket, early.upload.key, True)
         return etag
 
+    async def wait_idle(self) -> None:
+        """Until no early task (create, part, abort) is running: for tests and status."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
     async def close(self) -> None:
         """Cancel every early task (shutdown); recorded uploads wait for the next sweep."""
         for task in list(self._tasks):

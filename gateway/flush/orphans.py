@@ -47,6 +47,8 @@ class UpstreamUploads:
         self._clock = clock
         self._open: set[str] = set()
         self._intents: dict[str, tuple[str, str]] = {}  # open intents: (bucket, key)
+        # Ids finished (completed, aborted, intents ended) since the last sweep began.
+        self._finished: set[str] = set()
 
     def is_open(self, upload_id: str) -> bool:
         return upload_id in self._open
@@ -63,6 +65,7 @@ class UpstreamUploads:
         """The upload begun as ``intent`` is completed or aborted (its own row is gone)."""
         self._open.discard(intent)
         self._intents.pop(intent, None)
+        self._finished.add(intent)
         await self._records.forget_upstream_upload(intent)
 
     def abandon(self, upload_id: str) -> None:
@@ -75,6 +78,7 @@ class UpstreamUploads:
         """``UploadTracker`` for ``Upstream.put_multipart``: the upload's own row."""
         if done:
             self._open.discard(upload_id)
+            self._finished.add(upload_id)
             await self._records.forget_upstream_upload(upload_id)
         else:
             self._open.add(upload_id)
@@ -83,10 +87,13 @@ class UpstreamUploads:
     async def sweep(self) -> None:
         """Abort every recorded upload, or upload matching a recorded intent, that no task
         holds open. Uploads known by id go first, so an intent finds only the unknown ones."""
+        # Finished before this sweep (their rows may still be being deleted as it reads)
+        # or during it: the upload is gone, never to be aborted.
+        earlier, self._finished = self._finished, set()
         records = await self._records.upstream_upload_records()
         records.sort(key=lambda r: r[0].startswith(INTENT_PREFIX))
         for upload_id, bucket, key, _ in records:
-            if upload_id in self._open:
+            if upload_id in self._open or upload_id in self._finished or upload_id in earlier:
                 continue
             if upload_id.startswith(INTENT_PREFIX):
                 gone = await self._abort_unknown(bucket, key)
