@@ -290,7 +290,11 @@ class FakeUpstream:
     async def complete_multipart(
         self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]]
     ) -> str:
-        """S3's checks: every listed part exists with that ETag, in ascending order."""
+        """S3's checks: every listed part exists with that ETag, in ascending order. The
+        faults of ``fail_puts`` come first (the upload stays open, as after a 503)."""
+        if any(k is None or k == key for k, _ in self._put_faults):
+            self.log.append(("complete_multipart", bucket, key))
+            self._raise_fault(self._put_faults, key)
         stored = self.upload_parts.get(upload_id)
         numbers = [n for n, _ in parts]
         problem = None

@@ -45,7 +45,7 @@ from gateway.store.blobs import BlobStore
 from gateway.store.integrity import BodyDigest, check_fd
 from gateway.store.journal import Journal
 from gateway.store.uploads import Part, Upload
-from gateway.upstream.classify import Corrupt, Fatal, FlushError, Retryable
+from gateway.upstream.classify import Corrupt, Fatal, FlushError, Retryable, Throttled
 from gateway.upstream.client import PartSource, Upstream
 
 log = logging.getLogger(__name__)
@@ -168,9 +168,9 @@ class EarlyUploads:
         or None when there is no usable early upload (flush it the ordinary way).
 
         Raises ``Corrupt`` (a part's file changed: the flush fails visibly) and the
-        transient errors the gate gave up on (the early upload is kept for the row's next
-        try); any other failure aborts it and raises ``Retryable``, so the row's next try
-        uploads it anew."""
+        throttles and transient errors the gate gave up on (the early upload is kept for
+        the row's next try); any other failure aborts it and raises ``Retryable``, so the
+        row's next try uploads it anew (the ordinary way)."""
         early = self._by_seq.pop(obj.seq, None)
         if early is None:
             return None
@@ -187,7 +187,7 @@ class EarlyUploads:
         except Corrupt:
             await self._abort(early)
             raise
-        except (Retryable, asyncio.CancelledError):
+        except (Retryable, Throttled, asyncio.CancelledError):
             early.is_closed = False
             self._by_seq[obj.seq] = early  # the row's next try goes on from here
             raise

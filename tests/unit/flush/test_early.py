@@ -330,6 +330,25 @@ async def test_throttled_early_parts_are_retried_through_the_flow_control(
     world.blobs.close()
 
 
+async def test_a_throttled_completion_keeps_the_early_upload_for_the_next_try(
+    world: World,
+) -> None:
+    async with world.running():
+        upload_id = await world.create()
+        parts = [await world.part(upload_id, n, b) for n, b in enumerate(BODIES[:2], 1)]
+        await _parts_landed(world, "early-1", 2)
+        # More 503s than one request's tries: the row goes back to pending, and its next
+        # try completes the same upstream upload (no part is sent again).
+        world.upstream.fail_puts(*(Throttled("SlowDown (HTTP 503)") for _ in range(8)))
+        meta = await world.complete(upload_id, parts)
+        await world.drained()
+    assert world.upstream.aborted == []
+    assert len(world.upstream.ops("upload_part")) == 2
+    assert len(world.upstream.ops("complete_multipart")) == 9
+    assert world.upstream.buckets[BUCKET][KEY][1].etag == meta.etag
+    assert world.upstream.body(BUCKET, KEY) == b"".join(BODIES[:2])
+
+
 async def test_a_part_corrupted_on_disk_fails_the_object_visibly_and_aborts(
     world: World,
 ) -> None:
