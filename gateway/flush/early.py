@@ -21,6 +21,10 @@ Life of one early upload (``EarlyUpload``), driven by ``MultipartService``'s
   at each sweep) or a failure of the completion that retrying cannot cure: the upstream
   upload is aborted and its rows forgotten; the object (if any) flushes the ordinary way.
 
+Keys the flusher holds back on purpose are never started early (``skip``): temp names (a
+rename usually follows, and a temp key never reaches the bucket) and commit markers (no
+request for a marker leaves before its checkpoint's shards are durable upstream).
+
 Every request goes through the flusher's flow control (``RequestGate``: pause, lane
 admission, global slots and tokens, retries on throttles), ordered as work acknowledged at
 the upload's first part (the journal's last seq then), so early parts take their turn among
@@ -96,8 +100,10 @@ class EarlyUploads:
         uploads: UpstreamUploads,
         gate: RequestGate,
         clock: Clock,
+        skip: Callable[[str], bool] = lambda key: False,
     ) -> None:
         self._journal, self._blobs, self._upstream = journal, blobs, upstream
+        self._skip = skip
         self._uploads, self._gate, self._clock = uploads, gate, clock
         self._by_upload: dict[str, EarlyUpload] = {}  # still open locally
         self._by_seq: dict[int, EarlyUpload] = {}  # completed locally, not yet flushed
@@ -113,6 +119,8 @@ class EarlyUploads:
     # -- PartListener ----------------------------------------------------------------------
 
     def part_stored(self, upload: Upload, part: Part) -> None:
+        if self._skip(upload.key):
+            return
         early = self._by_upload.get(upload.upload_id)
         if early is None:
             early = self._begin(upload)

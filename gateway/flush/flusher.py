@@ -143,7 +143,15 @@ class Flusher:
         self._multipart_threshold_bytes = multipart_threshold_bytes
         self._uploads = UpstreamUploads(journal, upstream, clock)
         # The PartListener of MultipartService, when the composition root connects it.
-        self.early = EarlyUploads(journal, blobs, upstream, self._uploads, self, clock)
+        self.early = EarlyUploads(
+            journal,
+            blobs,
+            upstream,
+            self._uploads,
+            self,
+            clock,
+            skip=lambda key: self.policy.is_temp(key) or self.policy.is_marker(key),
+        )
         self._last_sweep_s = now_s
         self._resumed = asyncio.Event()
         self._resumed.set()

@@ -370,3 +370,15 @@ async def test_a_part_corrupted_on_disk_fails_the_object_visibly_and_aborts(
     assert row is not None and "local corruption" in (row.last_error or "")
     assert world.upstream.keys(BUCKET) == []
     assert world.upstream.aborted == ["early-1"]
+
+
+@pytest.mark.parametrize("key", ["ckpt/step_1/.metadata.tmp", "ckpt/step_1/.metadata"])
+async def test_temp_keys_and_commit_markers_are_not_started_early(world: World, key: str) -> None:
+    """Held back on purpose (a temp key never reaches the bucket; no request for a marker
+    leaves before its shards are durable): their parts wait for the object's own flush."""
+    async with world.running():
+        upload_id = await world.create(key)
+        await world.part(upload_id, 1, BODIES[0], key)
+        await asyncio.wait_for(world.flusher.early.wait_idle(), WAIT_S)
+    assert [r for r in world.upstream.log if r[0] != "head_bucket"] == []
+    assert world.flusher.early.open_count == 0
