@@ -284,6 +284,7 @@ def _s3_services(
         min_part_bytes=settings.min_part_bytes,
         space=space,
         upstream=upstream,
+        listener=flusher.early if settings.early_multipart else None,
     )
     object_service = ObjectService(
         journal,

@@ -143,6 +143,9 @@ class Settings:
     commit_markers: tuple[str, ...] = (".metadata", "_SUCCESS")
     # A single PutObject body above this is flushed as a multipart upload.
     multipart_threshold_bytes: int = 64 * MiB
+    # Start a client's multipart upload upstream at its first acked part and send parts as
+    # they land (the client's Complete is still flushed after the write-back delay).
+    early_multipart: bool = True
     # A PutObject body of at most this many bytes is stored inside the journal: durable with
     # the (grouped) journal commit alone, no file, no file or directory fsync. 0: never.
     inline_threshold_bytes: int = 64 * KiB
@@ -241,6 +244,7 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "temp_hold_s": (float, "seconds temp keys wait before they may flush"),
     "commit_markers": (_patterns, "comma-separated globs of commit-marker file names"),
     "multipart_threshold_bytes": (parse_size, "single PUTs above this flush as multipart"),
+    "early_multipart": (_bool, "send multipart parts upstream as they land (true/false)"),
     "inline_threshold_bytes": (parse_size, "PUT bodies up to this live in the journal (0: off)"),
     "max_object_bytes": (parse_size, "largest PutObject body or part"),
     "min_part_bytes": (parse_size, "smallest non-last multipart part"),

@@ -100,6 +100,21 @@ class FakeUpstream:
         self._in_flight: dict[tuple[str, str], int] = {}
         # (bucket, key) -> part sizes of the last multipart upload of that key.
         self.multipart_parts: dict[tuple[str, str], list[int]] = {}
+        # upload id -> part number -> (bytes, ETag): parts of uploads made by
+        # ``create_multipart`` (the early multipart path), kept as S3 keeps them: the last
+        # completed UploadPart of a number wins.
+        self.upload_parts: dict[str, dict[int, tuple[bytes, str]]] = {}
+        self._part_faults: deque[tuple[str | None, BaseException]] = deque()
+        # When set, each upload_part waits on it after reading its body (a part in flight);
+        # ``part_arrived`` is set when one is waiting.
+        self.part_gate: asyncio.Event | None = None
+        self.part_arrived = asyncio.Event()
+        self._uploads_made = 0
+        self.changed = asyncio.Event()  # set after every write call (see ``until``)
+        # (upload id, part number) of an upload_part that began while another of the same
+        # part was in flight (the early flusher promises this never happens).
+        self.part_overlaps: list[tuple[str, int]] = []
+        self._parts_in_flight: set[tuple[str, int]] = set()
 
     # -- test helpers ----------------------------------------------------------------------
 
@@ -138,8 +153,24 @@ class FakeUpstream:
     def fail_deletes(self, *excs: BaseException, key: str | None = None) -> None:
         self._delete_faults.extend((key, e) for e in excs)
 
+    def fail_parts(self, *excs: BaseException, key: str | None = None) -> None:
+        """Exceptions raised by the next ``upload_part`` calls (early multipart), in order."""
+        self._part_faults.extend((key, e) for e in excs)
+
     def ops(self, op: str) -> list[Request]:
         return [r for r in self.log if r[0] == op]
+
+    async def until(self, check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+        """Wait until ``check()`` holds, checking again after every write call (no polling)."""
+
+        async def wait() -> None:
+            while True:
+                self.changed.clear()
+                if check():
+                    return
+                await self.changed.wait()
+
+        await asyncio.wait_for(wait(), timeout_s)
 
     # -- writes (FlushError only) ----------------------------------------------------------
 
@@ -152,6 +183,8 @@ class FakeUpstream:
         self.log.append(("abort_multipart", bucket, key))
         self.aborted.append(upload_id)
         self.open_uploads.pop(upload_id, None)
+        self.upload_parts.pop(upload_id, None)
+        self.changed.set()
         return True
 
     async def list_open_uploads(self, bucket: str, key: str) -> list[tuple[str, float]]:
@@ -214,6 +247,74 @@ class FakeUpstream:
         stored = dataclasses.replace(meta, size_bytes=len(data), etag=etag)
         self.buckets[meta.bucket][meta.key] = (data, stored)
         self.stored.append((meta.bucket, meta.key, data))
+        self.changed.set()
+        return etag
+
+    async def create_multipart(self, meta: ObjectMeta) -> str:
+        self.log.append(("create_multipart", meta.bucket, meta.key))
+        if meta.bucket not in self.buckets:
+            raise Fatal(f"NoSuchBucket: {meta.bucket} (HTTP 404)")
+        self._uploads_made += 1
+        upload_id = f"early-{self._uploads_made}"
+        self.open_uploads[upload_id] = (meta.bucket, meta.key, time.time())
+        self.upload_parts[upload_id] = {}
+        self.changed.set()
+        return upload_id
+
+    async def upload_part(
+        self, bucket: str, key: str, upload_id: str, part_number: int, part: PartSource
+    ) -> str:
+        self.log.append(("upload_part", bucket, key))
+        self.changed.set()
+        ident = (upload_id, part_number)
+        if ident in self._parts_in_flight:
+            self.part_overlaps.append(ident)
+        self._parts_in_flight.add(ident)
+        try:
+            data = await _read_part(part)
+            self._raise_fault(self._part_faults, key)
+            if self.part_gate is not None:
+                self.part_arrived.set()
+                await self.part_gate.wait()
+        finally:
+            self._parts_in_flight.discard(ident)
+        if upload_id not in self.open_uploads:
+            raise Fatal(f"NoSuchUpload: {upload_id} (HTTP 404)")
+        etag = hashlib.md5(data).hexdigest()
+        if len(data) != part.size_bytes or etag != part.md5_hex:
+            raise Fatal(f"BadDigest: part {part_number} of {key} (HTTP 400)")
+        self.upload_parts[upload_id][part_number] = (data, etag)
+        self.changed.set()
+        return etag
+
+    async def complete_multipart(
+        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]]
+    ) -> str:
+        """S3's checks: every listed part exists with that ETag, in ascending order. The
+        faults of ``fail_puts`` come first (the upload stays open, as after a 503)."""
+        if any(k is None or k == key for k, _ in self._put_faults):
+            self.log.append(("complete_multipart", bucket, key))
+            self._raise_fault(self._put_faults, key)
+        stored = self.upload_parts.get(upload_id)
+        numbers = [n for n, _ in parts]
+        problem = None
+        if upload_id not in self.open_uploads or stored is None:
+            problem = f"NoSuchUpload: {upload_id} (HTTP 404)"
+        elif numbers != sorted(set(numbers)):
+            problem = "InvalidPartOrder (HTTP 400)"
+        elif any(n not in stored or stored[n][1] != e for n, e in parts):
+            problem = "InvalidPart (HTTP 400)"
+        if problem is not None or stored is None:
+            self.log.append(("complete_multipart", bucket, key))
+            raise Fatal(problem or "NoSuchUpload (HTTP 404)")
+        pieces = [stored[n][0] for n in numbers]
+        digest = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in pieces)).hexdigest()
+        meta = ObjectMeta(bucket=bucket, key=key, size_bytes=0, etag="", last_modified_s=0.0)
+        del self.open_uploads[upload_id]
+        del self.upload_parts[upload_id]
+        data = b"".join(pieces)
+        etag = await self._store("complete_multipart", meta, data, f"{digest}-{len(parts)}")
+        self.multipart_parts[(bucket, key)] = [len(p) for p in pieces]
         return etag
 
     async def delete_object(self, bucket: str, key: str) -> None:

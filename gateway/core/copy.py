@@ -268,6 +268,7 @@ class CopyService:
             await asyncio.shield(self._blobs.discard([blob.blob_id]))
             raise
         await self._blobs.discard(replaced)
+        self._multipart.part_stored(upload, part)  # the early upstream upload sends it too
         return part
 
     async def _part_from_upstream(

@@ -5,6 +5,10 @@ Parts are durable on ack (same ingest as PutObject). Completing does not copy da
 object version is the ordered list of its part files, and its ETag is S3's
 ``md5(concatenated part MD5s)-N``. The flusher later uploads it with the same part
 boundaries, so the upstream computes the same ETag.
+
+An optional ``PartListener`` (the flusher's early multipart uploads, connected by the
+composition root: core never imports flush) hears of each acknowledged part, completion
+and abort, so the upstream upload can start while the client is still uploading.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gateway.checksums import CHECKSUM_ALGORITHMS, composite, full_object, is_crc
 from gateway.clock import Clock
@@ -29,7 +34,7 @@ from gateway.errors import (
     NoSuchKey,
     NoSuchUpload,
 )
-from gateway.models import ObjectMeta, PartRef, PutRequest, RequestBody
+from gateway.models import LocalObject, ObjectMeta, PartRef, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import RowCheck
 from gateway.store.space import CacheSpace
@@ -46,6 +51,21 @@ class CompletedPart:
     part_number: int
     etag: str
     checksums: Mapping[str, str] = field(default_factory=dict)
+
+
+class PartListener(Protocol):
+    """Hears of a local multipart upload's life, after each change is durable. Every call
+    MUST return at once (work is scheduled, never awaited by the client's request) and
+    MUST NOT raise."""
+
+    def part_stored(self, upload: Upload, part: Part) -> None:
+        """``part`` (maybe replacing one of the same number) was acknowledged."""
+
+    def upload_completed(self, upload: Upload, row: LocalObject, chosen: Sequence[Part]) -> None:
+        """The upload became the object version ``row``, made of ``chosen`` in order."""
+
+    def upload_aborted(self, upload: Upload) -> None:
+        """The client aborted the upload; its parts are gone."""
 
 
 def multipart_etag(part_md5s: Sequence[str]) -> str:
@@ -69,8 +89,10 @@ class MultipartService:
         min_part_bytes: int,
         space: CacheSpace | None = None,
         upstream: Upstream | None = None,
+        listener: PartListener | None = None,
     ) -> None:
         self._space = space
+        self._listener = listener
         self._upstream = upstream
         self._uploads = uploads
         self._blobs = blobs
@@ -123,10 +145,17 @@ class MultipartService:
                 "Part number must be an integer between 1 and 10000, inclusive",
                 ArgumentName="partNumber",
             )
-        await self.upload(req.bucket, req.key, upload_id)
-        return await admitted(
+        upload = await self.upload(req.bucket, req.key, upload_id)
+        part = await admitted(
             self._space, req.content_length or 0, self._put_part(req, upload_id, part_number, body)
         )
+        self.part_stored(upload, part)
+        return part
+
+    def part_stored(self, upload: Upload, part: Part) -> None:
+        """Tell the listener of an acknowledged part (UploadPart, UploadPartCopy)."""
+        if self._listener is not None:
+            self._listener.part_stored(upload, part)
 
     async def _put_part(
         self, req: PutRequest, upload_id: str, part_number: int, body: RequestBody
@@ -211,7 +240,11 @@ class MultipartService:
             )
             for p in chosen
         )
-        _, discard = await self._uploads.complete(upload_id, meta, refs, self._clock.wall(), check)
+        row, discard = await self._uploads.complete(
+            upload_id, meta, refs, self._clock.wall(), check
+        )
+        if self._listener is not None:
+            self._listener.upload_completed(upload, row, chosen)
         await self._blobs.discard(discard)
         return meta
 
@@ -245,8 +278,11 @@ class MultipartService:
         return head.etag == done.etag
 
     async def abort(self, bucket: str, key: str, upload_id: str) -> None:
-        await self.upload(bucket, key, upload_id)
-        await self._blobs.discard(await self._uploads.abort(upload_id))
+        upload = await self.upload(bucket, key, upload_id)
+        discard = await self._uploads.abort(upload_id)
+        if self._listener is not None:
+            self._listener.upload_aborted(upload)
+        await self._blobs.discard(discard)
 
     async def list_parts(
         self, bucket: str, key: str, upload_id: str, after: int, limit: int

@@ -26,6 +26,10 @@ slow lanes' backlog, and the global rate holds whatever the lanes do). Each answ
 back to ``Lanes`` with the time its request was sent (a 503 for a request sent before the
 budget's last cut is part of that congestion event; ``Retry-After`` pauses the lane).
 
+Early multipart uploads (``early.py``) send a local multipart upload's parts while the
+client is still uploading; their requests take the same path (``early_request``), and the
+claimed row then only completes the upload (``_upload``).
+
 The admission is pure; this module is its async shell: a waiting request awaits a future
 that ``_pump`` resolves when ``Lanes.pump`` admits it, and one timer task wakes ``_pump``
 when ``Lanes.pump`` asks to be called again (tokens accrue, a pause ends). Nothing polls.
@@ -47,6 +51,7 @@ from gateway.clock import Clock
 from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
+from gateway.flush.early import EarlyUploads
 from gateway.flush.lanes import Lane, LaneConfig, Lanes, LaneStatus, Ticket
 from gateway.flush.order import FlushOrder
 from gateway.flush.orphans import UpstreamUploads
@@ -137,6 +142,16 @@ class Flusher:
         )
         self._multipart_threshold_bytes = multipart_threshold_bytes
         self._uploads = UpstreamUploads(journal, upstream, clock)
+        # The PartListener of MultipartService, when the composition root connects it.
+        self.early = EarlyUploads(
+            journal,
+            blobs,
+            upstream,
+            self._uploads,
+            self,
+            clock,
+            skip=lambda key: self.policy.is_temp(key) or self.policy.is_marker(key),
+        )
         self._last_sweep_s = now_s
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -224,6 +239,7 @@ class Flusher:
             if late:
                 await asyncio.wait(late)
                 log.warning("flusher: %d uploads cancelled at the shutdown deadline", len(late))
+        await self.early.close()  # open early uploads: recorded, aborted at the next start
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -231,6 +247,7 @@ class Flusher:
         await self.attach()
         try:
             await self._abort_abandoned_uploads()
+            self.early.ready.set()
             while not self._stopping:
                 await self._resumed.wait()
                 if self._stopping:
@@ -302,6 +319,7 @@ class Flusher:
         a crash, or by an abort that failed (the upstream was throttling or away). They
         would otherwise accrue storage cost forever; kept for the next sweep on failure."""
         self._last_sweep_s = self._clock.monotonic()
+        await self.early.reconcile()
         await self._uploads.sweep()
 
     def _spawn(self, obj: LocalObject) -> None:
@@ -309,6 +327,7 @@ class Flusher:
         previous = self._by_key.get(ident)
         lane = self.lanes.lane_for(obj.meta.bucket, obj.meta.key, self._clock.monotonic())
         lane.in_flight += 1
+        self.early.supersede(obj.meta.bucket, obj.meta.key, obj.seq)
         task = asyncio.create_task(
             self._flush_one(obj, lane, previous), name=f"flush {obj.meta.key}"
         )
@@ -363,7 +382,14 @@ class Flusher:
 
     @contextlib.asynccontextmanager
     async def _slot(
-        self, lane: Lane, order: int, requests: int, size_bytes: int, *, sent: bool = True
+        self,
+        lane: Lane,
+        order: int,
+        requests: int,
+        size_bytes: int,
+        *,
+        sent: bool = True,
+        early: bool = False,
     ) -> AsyncIterator[None]:
         """Admission of one request, sent inside the ``async with``: its admission by
         ``Lanes`` (``order``: the object's ack sequence, older first), then a global slot,
@@ -373,7 +399,7 @@ class Flusher:
         With ``sent``, the answer goes to ``Lanes`` with the moment the request left:
         leaving the block is an acceptance, a ``Throttled`` raised in it a throttle (any
         other error is neither: the budget learns nothing from it)."""
-        ticket = await self._admit(lane, order, requests, size_bytes)
+        ticket = await self._admit(lane, order, requests, size_bytes, early)
         try:
             async with self._slots:
                 now_s = self._clock.monotonic()
@@ -403,11 +429,14 @@ class Flusher:
             self.lanes.done(ticket)
             self._pump()
 
-    async def _admit(self, lane: Lane, order: int, requests: int, size_bytes: int) -> Ticket:
-        """Wait until ``Lanes`` admits this request. While waiting, the task counts as
-        holding no global slot (``_claim_room``)."""
+    async def _admit(
+        self, lane: Lane, order: int, requests: int, size_bytes: int, early: bool
+    ) -> Ticket:
+        """Wait until ``Lanes`` admits this request. While waiting, the task of a claimed
+        row counts as holding no global slot (``_claim_room``; an early request has none)."""
         ticket = self.lanes.submit(lane, order, requests, size_bytes, self._clock.monotonic())
-        self._lane_waiting += 1
+        waiting = 0 if early else 1
+        self._lane_waiting += waiting
         self._room.set()
         try:
             while not ticket.is_granted:
@@ -421,7 +450,7 @@ class Flusher:
             self._pump()
             raise
         finally:
-            self._lane_waiting -= 1
+            self._lane_waiting -= waiting
         return ticket
 
     def _pump(self) -> None:
@@ -460,6 +489,9 @@ class Flusher:
             return
         if obj.body is not None:
             await self._upload_inline(obj, lane, obj.body)
+            return
+        if obj.parts and (etag := await self.early.complete(obj)) is not None:
+            _check_etag(etag, obj.meta.etag)  # its parts were sent while the client uploaded
             return
         async with contextlib.AsyncExitStack() as files:
             try:
@@ -517,15 +549,30 @@ class Flusher:
             etag = await self._upstream.put_object(obj.meta, io.BytesIO(body))
         _check_etag(etag, obj.meta.etag)
 
+    async def early_request(
+        self, bucket: str, key: str, order: int, size_bytes: int, send: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``RequestGate`` for early multipart uploads: after a pause, as any request of a
+        multipart flush (admission in the key's lane at ``order``, slots, tokens, retries)."""
+        await self._resumed.wait()
+        lane = self.lanes.lane_for(bucket, key, self._clock.monotonic())
+        return await self._send_request(lane, order, size_bytes, send, early=True)
+
     async def _send_request(
-        self, lane: Lane, order: int, size_bytes: int, send: Callable[[], Awaitable[T]]
+        self,
+        lane: Lane,
+        order: int,
+        size_bytes: int,
+        send: Callable[[], Awaitable[T]],
+        *,
+        early: bool = False,
     ) -> T:
         """One request of a multipart upload: tokens first, then up to ``_REQUEST_TRIES``
         tries with backoff on throttles and transient errors, so one 503 costs one retried
         part rather than a restarted upload."""
         for attempt in range(_REQUEST_TRIES):
             try:
-                async with self._slot(lane, order, 1, size_bytes):
+                async with self._slot(lane, order, 1, size_bytes, early=early):
                     return await send()
             except (Throttled, Retryable) as exc:
                 self._note_transient(lane, exc)
@@ -578,6 +625,7 @@ class Flusher:
                 if isinstance(exc, Corrupt):
                     metrics.CORRUPT_BLOBS.inc()
                 log.error("flush of %s failed permanently: %s", _name(obj), error)
+                self.early.supersede(obj.meta.bucket, obj.meta.key, obj.seq + 1)
                 await self._queue.mark_failed(obj, error)
                 return
             self._note_transient(lane, exc)

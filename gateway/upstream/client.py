@@ -161,6 +161,24 @@ class Upstream(Protocol):
 
     async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool: ...
 
+    # The steps of ``put_multipart``, for a caller that uploads parts as they arrive (the
+    # flusher's early multipart uploads): FlushError only, like the other write calls.
+    async def create_multipart(self, meta: ObjectMeta) -> str:
+        """CreateMultipartUpload with ``meta``'s stored headers; returns the upload id."""
+        ...
+
+    async def upload_part(
+        self, bucket: str, key: str, upload_id: str, part_number: int, part: PartSource
+    ) -> str:
+        """UploadPart (with Content-MD5); returns the part's ETag, unquoted."""
+        ...
+
+    async def complete_multipart(
+        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]]
+    ) -> str:
+        """CompleteMultipartUpload of (part number, ETag) in order; returns the ETag."""
+        ...
+
     async def list_open_uploads(self, bucket: str, key: str) -> list[tuple[str, float]]:
         """(upload id, initiated wall seconds) of the upstream's open multipart uploads of
         exactly ``key``. Raises a FlushError when the upstream cannot be asked."""
@@ -300,49 +318,24 @@ class AiobotocoreUpstream:
         while it is open, so a crash cannot abandon it."""
         bucket, key = meta.bucket, meta.key
         runner: RequestRunner = run or _send_once
-        raw = _RAW_HEADERS.set(_raw_headers(meta))
-        try:
-            created = await self._client.create_multipart_upload(**_object_params(meta))
-        except Exception as exc:
-            raise for_flush(exc) from exc
-        finally:
-            _RAW_HEADERS.reset(raw)
-        upload_id = created["UploadId"]
+        upload_id = await self.create_multipart(meta)
         try:
             if track is not None:
                 await track(upload_id, bucket, key, False)
             limit = asyncio.Semaphore(self._part_concurrency)
 
-            async def upload_part(number: int, part: PartSource) -> dict[str, Any]:
-                part.body.seek(0)
-                return await _flush_call(
-                    self._client.upload_part(
-                        Bucket=bucket,
-                        Key=key,
-                        UploadId=upload_id,
-                        PartNumber=number,
-                        Body=part.body,
-                        ContentLength=part.size_bytes,
-                        ContentMD5=_b64_md5(part.md5_hex),
-                    )
-                )
-
-            async def send(number: int, part: PartSource) -> dict[str, Any]:
+            async def send(number: int, part: PartSource) -> tuple[int, str]:
                 async with limit:
-                    resp = await runner(part.size_bytes, lambda: upload_part(number, part))
-                return {"PartNumber": number, "ETag": resp["ETag"]}
+                    etag = await runner(
+                        part.size_bytes,
+                        lambda: self.upload_part(bucket, key, upload_id, number, part),
+                    )
+                return number, etag
 
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(send(i, p)) for i, p in enumerate(parts, 1)]
-            done = {"Parts": [t.result() for t in tasks]}
-            resp = await runner(
-                0,
-                lambda: _flush_call(
-                    self._client.complete_multipart_upload(
-                        Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload=done
-                    )
-                ),
-            )
+            done = [t.result() for t in tasks]
+            etag = await runner(0, lambda: self.complete_multipart(bucket, key, upload_id, done))
         except BaseException as exc:
             aborted = await asyncio.shield(self.abort_multipart(bucket, key, upload_id))
             if aborted and track is not None:
@@ -356,6 +349,44 @@ class AiobotocoreUpstream:
             raise
         if track is not None:
             await track(upload_id, bucket, key, True)
+        return etag
+
+    async def create_multipart(self, meta: ObjectMeta) -> str:
+        raw = _RAW_HEADERS.set(_raw_headers(meta))
+        try:
+            created = await self._client.create_multipart_upload(**_object_params(meta))
+        except Exception as exc:
+            raise for_flush(exc) from exc
+        finally:
+            _RAW_HEADERS.reset(raw)
+        return str(created["UploadId"])
+
+    async def upload_part(
+        self, bucket: str, key: str, upload_id: str, part_number: int, part: PartSource
+    ) -> str:
+        part.body.seek(0)
+        resp = await _flush_call(
+            self._client.upload_part(
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=part_number,
+                Body=part.body,
+                ContentLength=part.size_bytes,
+                ContentMD5=_b64_md5(part.md5_hex),
+            )
+        )
+        return str(resp.get("ETag", "")).strip('"')
+
+    async def complete_multipart(
+        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]]
+    ) -> str:
+        done = {"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e in parts]}
+        resp = await _flush_call(
+            self._client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload=done
+            )
+        )
         return str(resp.get("ETag", "")).strip('"')
 
     async def list_open_uploads(self, bucket: str, key: str) -> list[tuple[str, float]]:
