@@ -273,7 +273,6 @@ def _s3_services(
 ) -> S3Services:
     buckets = BucketService(journal, blobs, upstream, clock)
     stack.push_async_callback(buckets.close)
-    stack.push_async_callback(buckets.close)
     uploads = UploadJournal(journal)
     multipart = MultipartService(
         uploads,

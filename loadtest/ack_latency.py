@@ -759,7 +759,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--iterations",
-        default="200,200,50",
+        default="200,200,200,50",
         help="measured iterations per size (one value, or one per size)",
     )
     p.add_argument("--warmup", type=int, default=5, help="discarded iterations per size")
