@@ -160,6 +160,8 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
     flusher = _flusher(settings, clock, journal, blobs, upstream)
     await flusher.attach()  # the pending rows, in memory, before any write can arrive
     s3 = _s3_services(settings, clock, journal, blobs, upstream, space, credentials, flusher, stack)
+    with starting(f"reading the journal {journal.path}"):
+        await s3.objects.verifier.load()  # files verified before: trusted until they change
     prefetcher = Prefetcher(journal, upstream, s3.objects.fills, space, clock)
     stack.push_async_callback(prefetcher.close)
     checkpoints = CheckpointService(

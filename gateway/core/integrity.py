@@ -7,7 +7,9 @@ remembered per body file, keyed by what changes when the file does: its inode, s
 and ctime (``fstat`` of the descriptor the read serves from). A rewrite in place, a
 truncation or a replacement changes one of them; the next read verifies again. Media rot
 that changes no metadata is not seen by the memo: ``gateway verify`` (the scrub) re-hashes
-everything, and the memo is empty after every restart.
+everything. The memo is saved in the journal (``store/verified.py``) as it grows, so a
+restarted gateway (an upgrade, a reboot) does not hash every cached file again on the first
+read of a resuming job.
 
 What each file must hash to is chosen by ``blob_checks``: the CRC-32C stored for it at
 ingest (store/integrity.py says why that proves the acknowledged bytes), else the fastest
@@ -28,9 +30,10 @@ import contextlib
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway import metrics
 from gateway.checksums import Hasher, new_hasher
@@ -40,7 +43,7 @@ from gateway.models import LocalObject
 log = logging.getLogger(__name__)
 
 _HASH_PIECE_BYTES = 4 << 20
-_MEMO_ENTRIES = 1 << 16  # ~100 bytes each: a bounded few MiB whatever the cache holds
+MEMO_ENTRIES = 1 << 16  # ~100 bytes each: a bounded few MiB whatever the cache holds
 
 
 # Stored digests, fastest to compute first (one core here: CRC-32C ~50 GB/s with awscrt,
@@ -120,6 +123,16 @@ def _b64(value: str) -> bytes | None:
 
 # (blob id, inode, size, mtime_ns, ctime_ns): the file as it was when it was hashed.
 _FileKey = tuple[str, int, int, int, int]
+
+
+class MemoStore(Protocol):
+    """Where the memo outlives the process (``store.verified.VerifiedFiles``)."""
+
+    async def load(self) -> list[_FileKey]: ...
+
+    async def save(self, keys: Sequence[_FileKey]) -> None: ...
+
+
 OnCorrupt = Callable[[str], Awaitable[None]]
 
 
@@ -207,11 +220,21 @@ class BlobVerifier:
     hashes still running.
     """
 
-    def __init__(self, threads: int = 2) -> None:
+    def __init__(self, threads: int = 2, store: MemoStore | None = None) -> None:
         self._good: OrderedDict[_FileKey, None] = OrderedDict()
         self._running: dict[_FileKey, _HashJob] = {}
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="verify")
+        self._store = store
+        self._unsaved: list[_FileKey] = []
+        self._saver: asyncio.Task[None] | None = None
         self.hashed_bytes = 0  # bytes hashed so far (tests and the read benchmark read it)
+
+    async def load(self) -> None:
+        """Start from the saved memo (at start, before serving)."""
+        if self._store is not None:
+            for key in await self._store.load():
+                self._good[key] = None
+            self._trim()
 
     def is_known_good(self, fd: int, check: BlobCheck) -> bool:
         key = _file_key(fd, check)
@@ -248,11 +271,15 @@ class BlobVerifier:
         await self.start(files, on_corrupt).wait()
 
     async def close(self) -> None:
+        """Cancel hashes still running; save what the memo learnt since the last save."""
         tasks = [job.task for job in self._running.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._saver is not None:
+            await self._saver
+        await self._save()
 
     async def run_job(self, job: _HashJob, fd: int, check: BlobCheck, key: _FileKey) -> bool:
         # Our own descriptor: the reader that asked may close its own before we finish.
@@ -284,8 +311,32 @@ class BlobVerifier:
     def _remember(self, key: _FileKey) -> None:
         self._good[key] = None
         self._good.move_to_end(key)
-        while len(self._good) > _MEMO_ENTRIES:
+        self._trim()
+        if self._store is not None:
+            self._unsaved.append(key)
+            if self._saver is None:
+                self._saver = asyncio.create_task(self._save_all(), name="save verified")
+
+    def _trim(self) -> None:
+        while len(self._good) > MEMO_ENTRIES:
             self._good.popitem(last=False)
+
+    async def _save_all(self) -> None:
+        """Save batches until nothing is left (what arrives meanwhile joins the next)."""
+        try:
+            while self._unsaved:
+                await self._save()
+        finally:
+            self._saver = None
+
+    async def _save(self) -> None:
+        batch, self._unsaved = self._unsaved, []
+        if not batch or self._store is None:
+            return
+        try:
+            await self._store.save(batch)
+        except Exception as exc:  # only costs a re-verification after a restart
+            log.warning("could not save %d verified body files: %s", len(batch), exc)
 
 
 def _feed(hasher: Hasher, fd: int, pos: int, count: int) -> None:

@@ -27,7 +27,7 @@ from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.fill import BandwidthBudget, FillConfig
 from gateway.core.fills import FillManager
 from gateway.core.ingest import ingest, validate_key
-from gateway.core.integrity import BlobVerifier, blob_checks
+from gateway.core.integrity import MEMO_ENTRIES, BlobVerifier, blob_checks
 from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range
 from gateway.errors import InternalError, InvalidRange, NoSuchKey, NotModified
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
@@ -35,6 +35,7 @@ from gateway.store.blobs import BlobStore
 from gateway.store.integrity import body_digests, check_bytes
 from gateway.store.journal import Journal, RowCheck
 from gateway.store.space import CacheSpace
+from gateway.store.verified import VerifiedFiles
 from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class ObjectService:
         self._max_object_bytes = max_object_bytes
         self._inline_max_bytes = inline_max_bytes
         self._space = space
-        self.verifier = BlobVerifier()
+        self.verifier = BlobVerifier(store=VerifiedFiles(journal, MEMO_ENTRIES))
         config = fill_config or FillConfig(max_object_bytes=max_object_bytes)
         self.fills = FillManager(
             journal, blobs, upstream, space, clock, self.verifier, config, budget

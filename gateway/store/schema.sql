@@ -91,3 +91,15 @@ CREATE TABLE IF NOT EXISTS completed_uploads (
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS completed_uploads_by_time ON completed_uploads (completed_s);
+
+-- Body files a read has verified against their recorded digest, as they were then (inode,
+-- size, mtime, ctime): a restarted gateway trusts them until the file changes, as the
+-- running one does (core/integrity.py). The newest entries only (pruned when saving).
+CREATE TABLE IF NOT EXISTS verified_files (
+    id          INTEGER PRIMARY KEY,
+    blob_id     TEXT    NOT NULL,
+    ino         INTEGER NOT NULL,
+    size_bytes  INTEGER NOT NULL,
+    mtime_ns    INTEGER NOT NULL,
+    ctime_ns    INTEGER NOT NULL
+);

@@ -9,7 +9,7 @@ import base64
 import hashlib
 import os
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -205,5 +205,42 @@ async def test_verifier_checks_a_crc(tmp_path: Path, verifier: BlobVerifier) -> 
         bad = BlobCheck("crc2", "crc32", (zlib.crc32(data) ^ 1).to_bytes(4, "big"))
         with pytest.raises(CorruptBody, match="recorded crc32"):
             await verifier.verify([(fd, bad)])
+    finally:
+        os.close(fd)
+
+
+class _Memo:
+    """A MemoStore in memory (the journal's table is tested in tests/unit/store)."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[str, int, int, int, int]] = []
+
+    async def load(self) -> list[tuple[str, int, int, int, int]]:
+        return list(self.saved)
+
+    async def save(self, keys: Sequence[tuple[str, int, int, int, int]]) -> None:
+        self.saved.extend(keys)
+
+
+async def test_memo_outlives_the_verifier_until_the_file_changes(tmp_path: Path) -> None:
+    data = os.urandom(MiB + 3)
+    fd, check = _file(tmp_path, data)
+    memo = _Memo()
+    try:
+        first = BlobVerifier(store=memo)
+        await first.verify([(fd, check)])
+        await first.close()  # saves what it learnt
+        assert len(memo.saved) == 1
+
+        second = BlobVerifier(store=memo)
+        await second.load()
+        assert second.is_known_good(fd, check)  # a restarted gateway trusts it ...
+        await second.verify([(fd, check)])
+        assert second.hashed_bytes == 0
+        _rewrite(tmp_path, "blob", bytes([data[0] ^ 0xFF]))
+        assert not second.is_known_good(fd, check)  # ... until the file changes
+        with pytest.raises(CorruptBody):
+            await second.verify([(fd, check)])
+        await second.close()
     finally:
         os.close(fd)
