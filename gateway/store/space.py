@@ -143,11 +143,8 @@ class CacheSpace:
         """Count ``size_bytes`` more as reserved (``Grant.grow``, after ``require_room``)."""
         self._reserved_bytes += size_bytes
 
-    def _pinned_bytes(self) -> int:
-        return self.pinned_estimate_bytes
-
     def _fits(self, size_bytes: int) -> bool:
-        return self._pinned_bytes() + size_bytes <= self.capacity_bytes
+        return self.pinned_estimate_bytes + size_bytes <= self.capacity_bytes
 
     def fits_cache(self, size_bytes: int) -> bool:
         """Whether a read-through copy of ``size_bytes`` may be kept without passing the

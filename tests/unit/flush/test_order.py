@@ -9,7 +9,7 @@ have room again at the next claim unless a test sets ``in_flight``.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,14 +28,6 @@ from gateway.store.rows import prefix_end
 
 BUCKET = "b"
 T0 = 1_000.0
-
-
-@pytest.fixture
-async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
-    j = Journal(tmp_path / "j.db", fsync=False)
-    j.open()
-    yield j
-    j.close()
 
 
 @dataclass

@@ -4,7 +4,6 @@ figures and fences kept from the changes."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,6 @@ def meta(key: str, size: int = 10, etag: str = "e") -> ObjectMeta:
         user_metadata={"m": "v"},
         checksums={"crc32": "AAAAAA=="},
     )
-
-
-@pytest.fixture
-async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
-    j = Journal(tmp_path / "j.db", fsync=False)
-    j.open()
-    yield j
-    j.close()
 
 
 @pytest.fixture

@@ -4,9 +4,6 @@ leaving the row ``flushing`` with no error)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 from fakes import claim_pending
 
@@ -15,14 +12,6 @@ from gateway.store.journal import Journal
 from gateway.store.queue import FlushQueue
 
 HOSTILE_ERRORS = ["caf\udce9", "\udcff\udcfe", "nul\x00byte", "\ud800 alone", "x" * 100_000]
-
-
-@pytest.fixture
-async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
-    j = Journal(tmp_path / "j.db", fsync=False)
-    j.open()
-    yield j
-    j.close()
 
 
 async def _claimed(journal: Journal, key: str) -> None:

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from gateway.store.journal import Journal
 from gateway.store.verified import VerifiedFiles
-
-
-@pytest.fixture
-async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
-    j = Journal(tmp_path / "j.db", fsync=False)
-    j.open()
-    yield j
-    j.close()
 
 
 async def test_saved_entries_load_back_newest_kept(journal: Journal, tmp_path: Path) -> None:
