@@ -14,7 +14,7 @@ Fixtures:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,18 @@ from harness import (
     unique_bucket_name,
     upstream_client,
 )
+
+from gateway.store.journal import Journal
+
+
+@pytest.fixture
+async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
+    """An open journal at ``tmp_path / "j.db"`` (no fsync), closed after the test (unit
+    tests of the store and the flush order; files with their own ``journal`` keep it)."""
+    j = Journal(tmp_path / "j.db", fsync=False)
+    j.open()
+    yield j
+    j.close()
 
 
 @pytest.fixture(scope="session")
