@@ -111,7 +111,12 @@ class GroupWriter:
                 conn.execute("ROLLBACK")
             results = [(False, exc)] * len(batch)
         for (_, fut, loop, on_commit), (ok, value) in zip(batch, results, strict=True):
-            loop.call_soon_threadsafe(_resolve, fut, ok, value, on_commit)
+            if loop.is_closed():
+                continue  # its caller is gone with its loop; the commit itself stands
+            try:
+                loop.call_soon_threadsafe(_resolve, fut, ok, value, on_commit)
+            except RuntimeError:  # the loop closed just now: as above
+                continue
 
 
 def _resolve(fut: asyncio.Future[Any], ok: bool, value: Any, on_commit: OnCommit | None) -> None:

@@ -116,8 +116,13 @@ def is_utf8(text: str) -> bool:
 
 
 def can_send(case: HeaderCase) -> bool:
-    """Whether http.client sends the case as one header (it refuses a bare CR or LF)."""
-    raw = http_bytes(case.field) + http_bytes(case.value)
+    """Whether http.client sends the case as one header (it refuses a bare CR or LF), and
+    whether any request bytes produce it at all (a surrogate outside surrogateescape's
+    range, such as U+D800, is no decoding of any byte)."""
+    try:
+        raw = http_bytes(case.field) + http_bytes(case.value)
+    except UnicodeEncodeError:
+        return False
     return b"\r" not in raw and b"\n" not in raw and b":" not in http_bytes(case.field)
 
 
