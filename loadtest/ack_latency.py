@@ -409,11 +409,21 @@ def delete_keys(client: Any, bucket: str, keys: Sequence[str]) -> tuple[int, str
 # --------------------------------------------------------------------------------------------
 
 
+_HANDED_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback port free a moment ago and never handed out before by this process.
+
+    The kernel may hand the same ephemeral port to two binds in a row, and a gateway
+    refuses one port for both listeners."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _HANDED_PORTS:
+            _HANDED_PORTS.add(port)
+            return port
 
 
 def admin_call(admin: str, method: str, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
@@ -449,8 +459,6 @@ class GatewayProcess:
     ) -> None:
         self.port = free_port()
         self.admin_port = free_port()
-        while self.admin_port == self.port:
-            self.admin_port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.admin = f"http://127.0.0.1:{self.admin_port}"
         self.log_path = log_path

@@ -36,7 +36,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +51,7 @@ from typing import IO, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flowstats
+from ack_latency import free_port
 from burst import (
     Bodies,
     BurstResult,
@@ -74,12 +74,6 @@ class BenchError(RuntimeError):
 
 
 # -- processes ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http(url: str, method: str = "GET", timeout: float = 30.0) -> tuple[int, Any]:

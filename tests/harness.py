@@ -60,11 +60,23 @@ FLUSH_STATE_HEADER = "x-gateway-flush-state"
 # --------------------------------------------------------------------------- small helpers
 
 
+_HANDED_PORTS: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind port 0, read it, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that was free a moment ago and not handed out before in this process.
+
+    The kernel may give the same ephemeral port to two binds in a row once the first
+    socket is closed; a gateway asked for ``--listen`` and ``--admin-listen`` on one
+    port refuses to start, so ports already handed out are never handed out again.
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_PORTS:
+            _HANDED_PORTS.add(port)
+            return port
 
 
 def unique_bucket_name(prefix: str = "gwt") -> str:
