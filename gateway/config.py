@@ -122,7 +122,7 @@ class Settings:
     # the initial rate (a fresh bucket; S3 asks clients to ramp up), and no cut goes below
     # the minimum (one request a second keeps seeing when an outage of S3 ends).
     flush_initial_rate: float = 10.0
-    flush_min_rate: float = 1.0
+    flush_min_rate: float = 0.1
     # Prefix lanes: keys are partitioned by bucket and their first N path segments.
     lane_depth: int = 3
     # Per-lane hard caps: requests/s (S3 accepts 3,500 writes/s per prefix) and bytes/s

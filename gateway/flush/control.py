@@ -29,8 +29,11 @@ and CUBIC (RFC 8312):
 - **Not enough, or an outage.** A throttle of a request sent after the cut, before anything
   sent after it got through, means the cut did not bite (a partition's burst had hidden the
   overload): the rate is cut again, ``w_max`` kept. If nothing got through at all lately
-  (S3 refusing everything for a while), the budget slow-starts back to ``w_max`` once
-  answers come back.
+  (S3 refusing everything for a while), the budget keeps sending ``outage_per_s`` to see
+  the outage end, and slow-starts back to ``w_max`` once answers come back.
+- **Slow start counts fresh evidence only.** An acceptance grows a slow start only if its
+  request left after the last cut: with slow bodies (large parts), acceptances of requests
+  sent before a cut arrive long after it and say nothing about the rate since.
 
 The rate never leaves ``[floor_per_s, ceiling_per_s]``; only slow start sends more than
 what was accepted a moment ago (at most twice, for at most a second).
@@ -73,17 +76,20 @@ class Answers:
 
 @dataclass(frozen=True, slots=True)
 class RateConfig:
-    """``ceiling_per_s`` is a hard cap (inf: none); ``floor_per_s`` keeps a request going
-    during an outage, so that its end is seen. ``beta`` (a 20 % cut; botocore and RFC 8312
+    """``ceiling_per_s`` is a hard cap (inf: none); ``floor_per_s`` the lowest rate S3's
+    answers can drive it to (far below any real limit: a limit under the floor would be
+    overrun for ever); ``outage_per_s`` what it still sends while S3 accepts nothing, so
+    that the outage's end is seen (never more than ``w_max``). ``beta`` (a 20 % cut; botocore and RFC 8312
     use 30 %), ``recovery_s`` and ``probe_c`` shape the curve (module docstring); they were
     chosen with the simulator in tests/sim (BENCHMARKS.md section 2 has the figures)."""
 
     initial_per_s: float = 10.0
-    floor_per_s: float = 1.0
+    floor_per_s: float = 0.1
     ceiling_per_s: float = math.inf
     beta: float = 0.8
     recovery_s: float = 10.0
     probe_c: float = 0.02
+    outage_per_s: float = 1.0
 
 
 class AdaptiveRate:
@@ -136,7 +142,7 @@ class AdaptiveRate:
         self._answers.add(now_s, True)
         if self._last_cut_s < sent_s < self._recovered_s:
             self._recovered_s = sent_s
-        if self.is_slow_start and self._binding:
+        if self.is_slow_start and self._binding and sent_s > self._last_cut_s:
             round_trip_s = max(now_s - sent_s, 1.0)
             self._rate = self._clamp(self._rate + min(self._rate, 1.0 / round_trip_s))
             if self._rate >= self._ssthresh:  # back at the rate known to work: its plateau
@@ -162,9 +168,11 @@ class AdaptiveRate:
                 w_max *= (1 + beta) / 2  # fast convergence: give way to the others
             self._ssthresh = 0.0
             self._start_epoch(now_s, w_max, beta * w_max)
+        elif accepted == 0:  # nothing got through lately: an outage, not a lower limit
+            self._ssthresh = self.w_max_per_s
+            outage = min(self.config.outage_per_s, self.w_max_per_s)
+            self._start_epoch(now_s, self.w_max_per_s, max(beta * self._rate, outage))
         else:
-            if accepted == 0:  # nothing got through lately: an outage, not a lower limit
-                self._ssthresh = self.w_max_per_s
             self._start_epoch(now_s, self.w_max_per_s, beta * self._rate)
         return True
 

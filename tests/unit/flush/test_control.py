@@ -9,7 +9,7 @@ import pytest
 
 from gateway.flush.control import AdaptiveRate, Answers, RateConfig
 
-CONFIG = RateConfig(initial_per_s=10.0, floor_per_s=1.0, beta=0.8, recovery_s=10.0)
+CONFIG = RateConfig(initial_per_s=10.0, floor_per_s=0.1, beta=0.8, recovery_s=10.0)
 
 
 def _steady(rate: float = 100.0, at_s: float = 0.0) -> AdaptiveRate:
@@ -167,7 +167,8 @@ def test_an_outage_keeps_w_max_and_slow_starts_back_to_it() -> None:
     for _ in range(40):  # 20 s of nothing but 503s, one request per 0.5 s
         t += 0.5
         budget.on_throttle(t, t + 0.01)
-    assert budget.rate_per_s == CONFIG.floor_per_s
+    # Not the floor: a request a second keeps looking for the outage's end.
+    assert budget.rate_per_s == CONFIG.outage_per_s
     assert budget.w_max_per_s == pytest.approx(50.0, rel=0.05)
     assert budget.is_slow_start
     budget.tick(t, binding=True)
@@ -177,6 +178,35 @@ def test_an_outage_keeps_w_max_and_slow_starts_back_to_it() -> None:
         sent_s += 1.0 / budget.rate_per_s
     assert budget.rate_per_s == pytest.approx(50.0, rel=0.05)
     assert sent_s - t < 8.0  # back at w_max within seconds, not a cubic's tens
+
+
+def test_a_limit_under_one_request_per_s_is_followed_below_it() -> None:
+    """S3 accepting some requests is no outage, whatever the rate: the budget goes below
+    the outage probe's 1 request/s when that is what gets through."""
+    budget = _steady(0.5, at_s=0.0)
+    assert budget.rate_per_s == pytest.approx(0.4, rel=0.05)  # beta x what got through
+    assert budget.on_throttle(1.0, 1.05)  # the cut did not bite: cut again
+    assert budget.rate_per_s == pytest.approx(0.32, rel=0.05)
+
+
+def test_slow_start_grows_only_on_requests_sent_since_the_last_cut() -> None:
+    """With slow bodies, acceptances of requests sent before a cut arrive long after it:
+    they say nothing about the rate since, and must not grow it (a fresh budget whose
+    first answers were 503s would otherwise slow-start on them into the next burst of
+    503s, again and again)."""
+    budget = _steady(50.0, at_s=0.0)
+    t = 0.0
+    for _ in range(20):  # 10 s of nothing but 503s: an outage, slow start will follow
+        t += 0.5
+        budget.on_throttle(t, t + 0.01)
+    assert budget.is_slow_start
+    budget.tick(t + 0.01, binding=True)
+    before = budget.rate_per_s
+    for i in range(10):  # bodies sent before the last cut, accepted only now
+        budget.on_success(t - 5.0 + 0.1 * i, t + 1.0 + 0.1 * i)
+    assert budget.rate_per_s == before
+    budget.on_success(t + 1.0, t + 1.05)  # sent since: the rate that works now
+    assert budget.rate_per_s == pytest.approx(2 * before)
 
 
 def test_rate_stays_within_floor_and_ceiling() -> None:
