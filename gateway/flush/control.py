@@ -79,9 +79,10 @@ class RateConfig:
     """``ceiling_per_s`` is a hard cap (inf: none); ``floor_per_s`` the lowest rate S3's
     answers can drive it to (far below any real limit: a limit under the floor would be
     overrun for ever); ``outage_per_s`` what it still sends while S3 accepts nothing, so
-    that the outage's end is seen (never more than ``w_max``). ``beta`` (a 20 % cut; botocore and RFC 8312
-    use 30 %), ``recovery_s`` and ``probe_c`` shape the curve (module docstring); they were
-    chosen with the simulator in tests/sim (BENCHMARKS.md section 2 has the figures)."""
+    that the outage's end is seen (never more than ``w_max``). ``beta`` (a 20 % cut;
+    botocore and RFC 8312 use 30 %), ``recovery_s`` and ``probe_c`` shape the curve (module
+    docstring); they were chosen with the simulator in tests/sim (BENCHMARKS.md section 2
+    has the figures)."""
 
     initial_per_s: float = 10.0
     floor_per_s: float = 0.1
