@@ -263,7 +263,7 @@ def cached_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         paths = blob_paths(data_dir)
         runs = []
 
-        def restart(*, forget: bool) -> tuple[str, list[str]]:
+        def restart(*, forget: bool) -> tuple[Any, list[str]]:
             nonlocal gw, admin
             gw.stop()
             if forget:  # the verify-once memo outlives restarts: clear it for a first read
@@ -274,7 +274,7 @@ def cached_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 reader.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": k})
                 for k in md5s
             ]
-            return endpoint, urls
+            return reader, urls
 
         def timed(urls: list[str]) -> tuple[tuple[int, float], float]:
             """One pass from a cold guest page cache; the bytes the gateway hashed in it."""
@@ -287,8 +287,7 @@ def cached_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             # The two passes alternate in order: on this virtual disk a pass's place in
             # the run moves its figure by more than the verification does.
             first_goes_first = i % 2 == 0
-            endpoint, urls = restart(forget=first_goes_first)
-            client = s3(endpoint)
+            client, urls = restart(forget=first_goes_first)
             drop_cache(paths)
             raw_before = raw_read(paths)
             if first_goes_first:
@@ -296,8 +295,7 @@ def cached_leg(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 second, hashed_second = timed(urls)
             else:
                 second, hashed_second = timed(urls)
-                endpoint, urls = restart(forget=True)
-                client = s3(endpoint)
+                client, urls = restart(forget=True)
                 first, hashed_first = timed(urls)
             drop_cache(paths)
             raw_after = raw_read(paths)  # raw brackets the gateway's passes (disk drift)

@@ -18,7 +18,7 @@ import hashlib
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -61,6 +61,26 @@ class _Body:
 
     def close(self) -> None:
         self.closed = True
+
+
+class RequestBody:
+    """A client's request body as the services take it: ``data`` in pieces of at most
+    ``piece_bytes`` (one piece by default), no trailers."""
+
+    def __init__(self, data: bytes, piece_bytes: int = 0) -> None:
+        self._data = data
+        self._piece_bytes = piece_bytes or max(len(data), 1)
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        for i in range(0, len(self._data), self._piece_bytes):
+            yield self._data[i : i + self._piece_bytes]
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    @property
+    def trailers(self) -> dict[str, str]:
+        return {}
 
 
 async def _read_part(part: PartSource) -> bytes:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from fakes import FakeUpstream
+from fakes import FakeUpstream, RequestBody
 
 from gateway.clock import FakeClock
 from gateway.core.buckets import BucketService
@@ -74,7 +74,7 @@ class World:
         done = []
         for n, data in enumerate(parts, 1):
             req = _put_request(key, data)
-            part = await self.multipart.upload_part(req, upload_id, n, _Body(data))
+            part = await self.multipart.upload_part(req, upload_id, n, RequestBody(data))
             done.append(CompletedPart(n, part.etag))
         return await self.multipart.complete(BUCKET, key, upload_id, done)
 
@@ -86,18 +86,6 @@ class World:
     def close(self) -> None:
         self.journal.close()
         self.blobs.close()
-
-
-class _Body:
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        return _chunks(self._data)
-
-    @property
-    def trailers(self) -> dict[str, str]:
-        return {}
 
 
 async def _chunks(data: bytes) -> AsyncIterator[bytes]:

@@ -10,11 +10,11 @@ import asyncio
 import base64
 import hashlib
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakes import FakeUpstream, source_bytes, until_changed
+from fakes import FakeUpstream, RequestBody, source_bytes, until_changed
 
 from gateway.clock import FakeClock
 from gateway.core.buckets import BucketService
@@ -89,7 +89,7 @@ class World:
 
     async def put(self, key: str, body: bytes, content_md5: str | None = None) -> None:
         req = PutRequest(BUCKET, key, "binary/octet-stream", {}, {}, len(body), content_md5)
-        await self.objects.put_object(req, _Body(body))
+        await self.objects.put_object(req, RequestBody(body, 5000))
 
     async def get(self, key: str, read: ReadOptions | None = None) -> bytes:
         got = await self.objects.get_object(BUCKET, key, read or ReadOptions())
@@ -101,22 +101,6 @@ class World:
     def close(self) -> None:
         self.journal.close()
         self.blobs.close()
-
-
-class _Body:
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    async def _chunks(self) -> AsyncIterator[bytes]:
-        for i in range(0, len(self._data), 5000):
-            yield self._data[i : i + 5000]
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        return self._chunks()
-
-    @property
-    def trailers(self) -> dict[str, str]:
-        return {}
 
 
 def _bytes(n: int, seed: int = 1) -> bytes:

@@ -5,11 +5,11 @@ and forgotten after the retention."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakes import FakeUpstream
+from fakes import FakeUpstream, RequestBody
 
 from gateway.clock import FakeClock
 from gateway.core.buckets import BucketService
@@ -20,21 +20,6 @@ from gateway.store.journal import Journal
 from gateway.store.uploads import COMPLETED_RETENTION_S, UploadJournal
 
 BUCKET = "ckpt"
-
-
-class _Body:
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    async def _chunks(self) -> AsyncIterator[bytes]:
-        yield self._data
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        return self._chunks()
-
-    @property
-    def trailers(self) -> dict[str, str]:
-        return {}
 
 
 class World:
@@ -59,7 +44,7 @@ class World:
     async def complete(self, key: str, data: bytes) -> tuple[str, ObjectMeta]:
         upload_id = await self.multipart.create(BUCKET, key, "binary/octet-stream", {}, {})
         req = PutRequest(BUCKET, key, "binary/octet-stream", {}, {}, len(data))
-        part = await self.multipart.upload_part(req, upload_id, 1, _Body(data))
+        part = await self.multipart.upload_part(req, upload_id, 1, RequestBody(data))
         done = [CompletedPart(1, part.etag)]
         return upload_id, await self.multipart.complete(BUCKET, key, upload_id, done)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeUpstream, until_changed
+from fakes import FakeUpstream, RequestBody, until_changed
 
 from gateway.clock import FakeClock
 from gateway.core.buckets import BucketService
@@ -40,21 +40,6 @@ KEY = "ckpt/step_1/rank_0/shard.bin"
 WAIT_S = 5.0
 FAST_FLOW = RateConfig(initial_per_s=1e6, floor_per_s=1000.0)
 BODIES = [bytes([65 + i]) * (3000 + 1000 * i) for i in range(4)]  # four distinct parts
-
-
-class _Body:
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    async def _chunks(self) -> AsyncIterator[bytes]:
-        yield self._data
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        return self._chunks()
-
-    @property
-    def trailers(self) -> dict[str, str]:
-        return {}
 
 
 class _TickingClock(FakeClock):
@@ -118,7 +103,7 @@ class World:
 
     async def part(self, upload_id: str, number: int, data: bytes, key: str = KEY) -> Part:
         req = PutRequest(BUCKET, key, "application/x", {}, {}, len(data))
-        return await self.multipart.upload_part(req, upload_id, number, _Body(data))
+        return await self.multipart.upload_part(req, upload_id, number, RequestBody(data))
 
     async def complete(self, upload_id: str, parts: list[Part], key: str = KEY) -> ObjectMeta:
         chosen = [CompletedPart(p.part_number, p.etag) for p in parts]
@@ -137,13 +122,16 @@ class World:
     async def records(self) -> list[tuple[str, str, str]]:
         return await UpstreamUploadRecords(self.journal).upstream_uploads()
 
+    def close(self) -> None:
+        self.journal.close()
+        self.blobs.close()
+
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     w = World(tmp_path)
     yield w
-    w.journal.close()
-    w.blobs.close()
+    w.close()
 
 
 async def _parts_landed(world: World, upstream_id: str, count: int) -> None:
@@ -283,8 +271,7 @@ async def test_an_object_superseded_before_its_flush_aborts_its_early_upload(
         assert world.upstream.ops("complete_multipart") == [("complete_multipart", BUCKET, KEY)]
         assert world.upstream.open_uploads == {} and await world.records() == []
     finally:
-        world.journal.close()
-        world.blobs.close()
+        world.close()
 
 
 async def test_a_restart_aborts_the_recorded_upload_and_the_object_still_lands(
@@ -326,8 +313,7 @@ async def test_throttled_early_parts_are_retried_through_the_flow_control(
         await world.drained()
     assert world.upstream.body(BUCKET, KEY) == b"".join(BODIES[:2])
     assert len(world.upstream.ops("upload_part")) == 4
-    world.journal.close()
-    world.blobs.close()
+    world.close()
 
 
 async def test_a_throttled_completion_keeps_the_early_upload_for_the_next_try(
