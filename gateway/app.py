@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import resource
 import signal
+import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway.admin import fleet as admin_fleet
 from gateway.admin import reads as admin_reads
 from gateway.admin.api import AdminServices, build_admin_app
 from gateway.admin.auth import resolve_admin_token
@@ -38,6 +41,13 @@ from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
 from gateway.core.prefetch import Prefetcher
 from gateway.errors import S3Error
+from gateway.fleet import api as peer_api
+from gateway.fleet import auth as peer_auth
+from gateway.fleet.api import PeerSide
+from gateway.fleet.client import PeerClient
+from gateway.fleet.membership import parse_peers
+from gateway.fleet.node import Fleet, FleetConfig
+from gateway.fleet.wire import NodeInfo
 from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
@@ -51,6 +61,7 @@ from gateway.startup import StartupError, starting
 from gateway.store import datadir
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
+from gateway.store.members import MemberTable
 from gateway.store.space import CacheSpace
 from gateway.store.uploads import UploadJournal
 from gateway.upstream.client import AiobotocoreUpstream
@@ -104,6 +115,7 @@ class _Running:
     admin: AdminServices
     s3_runner: web.AppRunner
     tasks: list[asyncio.Task[None]]  # flusher, evictor, sweep
+    fleet: Fleet | None = None
 
 
 async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Running:
@@ -157,9 +169,12 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
         with contextlib.suppress(S3Error):
             await upstream.create_bucket(settings.demo_bucket, None)
 
-    flusher = _flusher(settings, clock, journal, blobs, upstream)
+    fleet, peer_secret = await _fleet(settings, clock, journal, upstream, stack)
+    flusher = _flusher(settings, clock, journal, blobs, upstream, fleet)
     await flusher.attach()  # the pending rows, in memory, before any write can arrive
-    s3 = _s3_services(settings, clock, journal, blobs, upstream, space, credentials, flusher, stack)
+    s3 = _s3_services(
+        settings, clock, journal, blobs, upstream, space, credentials, flusher, fleet, stack
+    )
     with starting(f"reading the journal {journal.path}"):
         await s3.objects.verifier.load()  # files verified before: trusted until they change
     prefetcher = Prefetcher(journal, upstream, s3.objects.fills, space, clock)
@@ -180,9 +195,15 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
         max_field_bytes=settings.max_header_size_bytes,
         max_headers=settings.max_headers,
     )
-    s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0)
+    peer_routes = None
+    if fleet is not None:
+        side = PeerSide(fleet, peer_secret, clock, s3.objects, journal, flusher.policy)
+        peer_routes = functools.partial(peer_api.install, side=side)
+        admin.status_extras["fleet"] = fleet.status
+    s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0, routes=peer_routes)
     admin_app = build_admin_app(admin)
     admin_reads.install(admin_app, prefetcher, checkpoints)
+    admin_fleet.install(admin_app, fleet, flusher)
     admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
     await _listen(s3_runner, settings.listen, tls, stack)
     await _listen(admin_runner, settings.admin_listen, None, stack)
@@ -197,9 +218,12 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
     ]
     for task in tasks:
         stack.push_async_callback(_cancel, task)
+    if fleet is not None:
+        with starting("joining the fleet"):
+            await fleet.start()  # first leases before the first read
     admin.is_ready = True
     _announce(settings, endpoint, credentials)
-    return _Running(settings, clock, journal, flusher, space, s3, admin, s3_runner, tasks)
+    return _Running(settings, clock, journal, flusher, space, s3, admin, s3_runner, tasks, fleet)
 
 
 async def _start_upstream(
@@ -271,6 +295,7 @@ def _s3_services(
     space: CacheSpace,
     credentials: Mapping[str, str],
     flusher: Flusher,
+    fleet: Fleet | None,
     stack: contextlib.AsyncExitStack,
 ) -> S3Services:
     buckets = BucketService(journal, blobs, upstream, clock)
@@ -286,6 +311,7 @@ def _s3_services(
         space=space,
         upstream=upstream,
         listener=flusher.early if settings.early_multipart else None,
+        fleet=fleet,
     )
     object_service = ObjectService(
         journal,
@@ -304,13 +330,14 @@ def _s3_services(
         # Reads of the upstream share the flusher's global bytes/s budget.
         budget=None if flusher.bandwidth.unlimited else flusher.bandwidth,
         inline_max_bytes=settings.inline_threshold_bytes,
+        fleet=fleet,
     )
     stack.push_async_callback(object_service.fills.close)
     stack.push_async_callback(object_service.verifier.close)
     return S3Services(
         objects=object_service,
         buckets=buckets,
-        listing=ListingService(journal, upstream),
+        listing=ListingService(journal, upstream, fleet),
         multipart=multipart,
         copy=CopyService(
             journal,
@@ -323,8 +350,9 @@ def _s3_services(
             max_object_bytes=settings.max_object_bytes,
             max_part_bytes=settings.max_object_bytes,
             space=space,
+            fleet=fleet,
         ),
-        deletes=DeleteService(journal, blobs, buckets, clock),
+        deletes=DeleteService(journal, blobs, buckets, clock, fleet),
         attributes=ObjectAttributesService(journal, upstream, buckets),
         credentials=credentials,
         region=settings.upstream_region,
@@ -341,6 +369,7 @@ def _flusher(
     journal: Journal,
     blobs: BlobStore,
     upstream: AiobotocoreUpstream,
+    fleet: Fleet | None,
 ) -> Flusher:
     return Flusher(
         journal,
@@ -370,7 +399,65 @@ def _flusher(
         bandwidth_bytes_per_s=settings.flush_bandwidth_bytes,
         bandwidth_burst_bytes=settings.flush_bandwidth_burst_bytes,
         multipart_threshold_bytes=settings.multipart_threshold_bytes,
+        marker_holds=fleet,
     )
+
+
+async def _fleet(
+    settings: Settings,
+    clock: SystemClock,
+    journal: Journal,
+    upstream: AiobotocoreUpstream,
+    stack: contextlib.AsyncExitStack,
+) -> tuple[Fleet | None, bytes]:
+    """This gateway as a member of its fleet (docs/fleet.md), or None without --peers:
+    then nothing of the fleet is built or runs."""
+    if settings.peers is None:
+        return None, b""
+    with starting("joining the fleet"):
+        secret = await _peer_secret(settings, upstream)
+        table = MemberTable(journal)
+        node_id = settings.node_id or os.environ.get("NODE_NAME") or socket.gethostname()
+        me = NodeInfo(node_id, await table.datadir_id(), clock.wall())
+        scheme = "https" if settings.tls_cert else "http"
+        transport = PeerClient(node_id, secret, clock, scheme=scheme)
+        stack.push_async_callback(transport.close)
+        config = FleetConfig(
+            port=_split(settings.listen).port,
+            lease_s=settings.peer_lease_s,
+            refresh_s=settings.peer_refresh_s,
+            read_timeout_s=settings.peer_read_timeout_s,
+        )
+
+        def has_unflushed(bucket: str, prefix: str) -> bool:
+            return not journal.figures.unflushed_under(bucket, prefix).is_empty
+
+        fleet = Fleet(
+            me, config, parse_peers(settings.peers), transport, table, clock, has_unflushed
+        )
+        stack.push_async_callback(fleet.stop, say_bye=False)
+        await fleet.load()
+    log.info("fleet: this gateway is %s; peers from %s", node_id, settings.peers)
+    return fleet, secret
+
+
+async def _peer_secret(settings: Settings, upstream: AiobotocoreUpstream) -> bytes:
+    """--peer-secret, --peer-secret-file, else derived from the upstream credentials."""
+    if settings.peer_secret:
+        return settings.peer_secret.encode()
+    if settings.peer_secret_file is not None:
+        text = settings.peer_secret_file.read_text().strip()
+        if not text:
+            raise StartupError(f"peer-secret-file {settings.peer_secret_file} is empty")
+        return text.encode()
+    upstream_secret = await upstream.shared_secret_key()
+    if upstream_secret is None:
+        raise StartupError(
+            "--peers needs a fleet secret: set --peer-secret or --peer-secret-file "
+            "(GATEWAY_PEER_SECRET): the upstream credentials are not static (an instance "
+            "role or web identity differs per node), so none can be derived from them"
+        )
+    return peer_auth.derive_secret(upstream_secret)
 
 
 async def _shutdown(gw: _Running) -> None:
@@ -406,6 +493,9 @@ async def _shutdown(gw: _Running) -> None:
     gw.space.stop()
     await asyncio.gather(*gw.tasks[1:])
     left = await stuck.unflushed(journal, flusher.policy, None, "", journal.last_seq)
+    if gw.fleet is not None:
+        # With nothing left here, the fleet stops waiting on this node (it said goodbye).
+        await gw.fleet.stop(say_bye=left.objects == 0)
     if left.objects:
         log.warning(
             "exiting with %d objects (%s) not yet flushed%s; they are safe on disk and "

@@ -30,6 +30,7 @@ from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.ingest import validate_key
 from gateway.core.multipart import MAX_PART_NUMBER, MultipartService
+from gateway.core.writes import fleet_writing
 from gateway.errors import (
     IncompleteBody,
     InternalError,
@@ -39,6 +40,7 @@ from gateway.errors import (
     NotModified,
     PreconditionFailed,
 )
+from gateway.fleet.view import FleetView
 from gateway.models import LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore, WrittenBlob
 from gateway.store.journal import Journal
@@ -113,8 +115,10 @@ class CopyService:
         max_object_bytes: int,
         max_part_bytes: int,
         space: CacheSpace | None = None,
+        fleet: FleetView | None = None,
     ) -> None:
         self._space = space
+        self._fleet = fleet
         self._journal = journal
         self._uploads = uploads
         self._blobs = blobs
@@ -132,7 +136,9 @@ class CopyService:
         unknown before its GET) reserves nothing but is refused when the cache is full."""
         source = await self._journal.get(req.source_bucket, req.source_key)
         size_bytes = source.meta.size_bytes if source is not None else 0
-        return await admitted(self._space, size_bytes, self._copy_object(req))
+        async with fleet_writing(self._fleet, req.bucket, req.key) as announced:
+            await announced  # before anything can commit
+            return await admitted(self._space, size_bytes, self._copy_object(req))
 
     async def _copy_object(self, req: CopyObjectRequest) -> ObjectMeta:
         validate_key(req.key)

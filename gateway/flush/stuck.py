@@ -79,6 +79,32 @@ async def unflushed(
     return Unflushed(objects, size, failed, held)
 
 
+async def without_markers(
+    journal: Journal,
+    policy: FlushPolicy,
+    bucket: str | None,
+    prefix: str,
+    fence_seq: int,
+    state: Unflushed,
+) -> Unflushed:
+    """``state`` less the commit markers among it (a fleet fence asks so: markers of one
+    directory held on two nodes must not wait on each other). Looked up only while few
+    objects are left (past ``_MAX_HELD_LOOKUP`` they cannot all be markers)."""
+    if not 0 < state.objects <= _MAX_HELD_LOOKUP:
+        return state
+    markers, size = 0, 0
+    queue = FlushQueue(journal)
+    for row_bucket, key in await queue.unflushed_keys(bucket, prefix, fence_seq, _MAX_HELD_LOOKUP):
+        if policy.is_marker(key):
+            row = await journal.get(row_bucket, key)
+            markers += 1
+            size += row.meta.size_bytes if row is not None else 0
+    objects = max(0, state.objects - markers)
+    held = min(objects, max(0, state.held - markers))
+    failed = min(objects, state.failed)
+    return Unflushed(objects, max(0, state.bytes - size), failed, held)
+
+
 async def wait_movable(
     journal: Journal,
     policy: FlushPolicy,
@@ -86,11 +112,13 @@ async def wait_movable(
     prefix: str,
     fence_seq: int,
     timeout_s: float,
+    *,
+    exclude_markers: bool = False,
 ) -> Unflushed:
     """Wait until everything acknowledged up to ``fence_seq`` under ``bucket``/``prefix`` is
     durable or stuck (failed, or a marker held behind a failed object), or ``timeout_s``
-    passes; return what is left. Returns within about a second of the last object that
-    could move."""
+    passes; return what is left (``exclude_markers``: commit markers do not count). Returns
+    within about a second of the last object that could move."""
     loop = asyncio.get_running_loop()
     deadline_s = loop.time() + timeout_s
     while True:
@@ -99,5 +127,7 @@ async def wait_movable(
             bucket, prefix, fence_seq, min(left_s, _RECHECK_S), skip_failed=True
         )
         state = await unflushed(journal, policy, bucket, prefix, fence_seq)
+        if exclude_markers:
+            state = await without_markers(journal, policy, bucket, prefix, fence_seq, state)
         if state.objects == 0 or state.is_stuck or loop.time() >= deadline_s:
             return state
