@@ -197,7 +197,9 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
     )
     peer_routes = None
     if fleet is not None:
-        side = PeerSide(fleet, peer_secret, clock, s3.objects, journal, flusher.policy)
+        side = PeerSide(
+            fleet, peer_secret, clock, s3.objects, journal, flusher.policy, flusher.order
+        )
         peer_routes = functools.partial(peer_api.install, side=side)
         admin.status_extras["fleet"] = fleet.status
     s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0, routes=peer_routes)
@@ -485,14 +487,16 @@ async def _shutdown(gw: _Running) -> None:
     started = gw.clock.monotonic()
     if not flusher.is_paused:
         # Failed objects, and markers held behind them, wait for an operator, not for time.
-        await stuck.wait_movable(journal, flusher.policy, None, "", journal.last_seq, deadline_s)
+        await stuck.wait_movable(
+            journal, flusher.policy, None, "", journal.last_seq, deadline_s, fleet=flusher.order
+        )
     left_s = deadline_s - (gw.clock.monotonic() - started)
     await flusher.stop(max(0.0, left_s))
     await gw.tasks[0]
     await gw.s3_runner.cleanup()  # waits for requests in flight (writes admitted before)
     gw.space.stop()
     await asyncio.gather(*gw.tasks[1:])
-    left = await stuck.unflushed(journal, flusher.policy, None, "", journal.last_seq)
+    left = await stuck.unflushed(journal, flusher.policy, None, "", journal.last_seq, flusher.order)
     if gw.fleet is not None:
         # With nothing left here, the fleet stops waiting on this node (it said goodbye).
         await gw.fleet.stop(say_bye=left.objects == 0)

@@ -54,7 +54,15 @@ async def fleet_drain(
     """The drain fence of every node of the fleet (see the module docstring)."""
     journal = svc.journal
     local, others = await asyncio.gather(
-        stuck.wait_movable(journal, svc.flusher.policy, bucket, prefix, journal.last_seq, wait_s),
+        stuck.wait_movable(
+            journal,
+            svc.flusher.policy,
+            bucket,
+            prefix,
+            journal.last_seq,
+            wait_s,
+            fleet=svc.flusher.order,
+        ),
         fleet.drain(bucket, prefix, wait_s),
     )
     nodes: list[dict[str, Any]] = [

@@ -40,6 +40,7 @@ from gateway.fleet.wire import (
 )
 from gateway.flush import stuck
 from gateway.flush.policy import FlushPolicy
+from gateway.flush.stuck import FleetHeld
 from gateway.models import LocalObject
 from gateway.s3.handlers.objects import read_options
 from gateway.s3.streaming import send_body
@@ -60,6 +61,7 @@ class PeerSide:
     objects: ObjectService
     journal: Journal
     policy: FlushPolicy
+    flusher_order: FleetHeld | None = None
 
 
 PEER_SIDE = web.AppKey("peer_side", PeerSide)
@@ -145,6 +147,7 @@ async def _drain(side: PeerSide, doc: Any, request: web.Request) -> Any:
         journal.last_seq,
         ask.wait_s,
         exclude_markers=ask.exclude_markers,
+        fleet=side.flusher_order,
     )
     answer = DrainAnswer(
         side.fleet.me, left.objects == 0, left.objects, left.bytes, left.failed, left.held

@@ -74,6 +74,13 @@ class Hold:
     def prefix(self) -> str:
         return parent_prefix(self.key)
 
+    @property
+    def is_stuck(self) -> bool:
+        outstanding = self.outstanding()
+        return bool(outstanding) and all(
+            w.state in ("unreachable", "lost-data") for w in outstanding
+        )
+
     def outstanding(self) -> list[Waiting]:
         return [w for w in self.waiting.values() if w.state != "done"]
 

@@ -79,6 +79,11 @@ class HoldHandle(Protocol):
     @property
     def is_released(self) -> bool: ...
 
+    @property
+    def is_stuck(self) -> bool:
+        """It waits only on nodes that cannot answer: time alone will not release it."""
+        ...
+
 
 class MarkerHolds(Protocol):
     def hold(self, bucket: str, key: str, seq: int, on_release: Callable[[], None]) -> HoldHandle:

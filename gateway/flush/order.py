@@ -309,6 +309,19 @@ class FlushOrder:
                 return True
         return False
 
+    def fleet_stuck(self, bucket: str | None, prefix: str) -> int:
+        """Markers under bucket/prefix whose own directory is flushed here and whose fleet
+        hold waits only on nodes that cannot answer (``stuck.FleetHeld``)."""
+        return sum(
+            1
+            for g in self._gates.values()
+            if g.fence_clear
+            and g.hold is not None
+            and g.hold.is_stuck
+            and (bucket is None or g.bucket == bucket)
+            and g.key.startswith(prefix)
+        )
+
     def held_markers(self) -> list[tuple[str, str, int]]:
         """(bucket, key, seq) of every commit marker waiting outside its lane."""
         return [(g.bucket, g.key, g.seq) for g in self._gates.values()]

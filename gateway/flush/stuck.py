@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.flush.policy import FlushPolicy, parent_prefix
 from gateway.models import FlushState, LocalObject
@@ -64,18 +65,33 @@ async def held_markers(
     return held
 
 
+class FleetHeld(Protocol):
+    def fleet_stuck(self, bucket: str | None, prefix: str) -> int:
+        """Commit markers under bucket/prefix the fleet holds for nodes that cannot answer
+        (unreachable, or back with an empty disk): they wait for an operator too."""
+        ...
+
+
 async def unflushed(
-    journal: Journal, policy: FlushPolicy, bucket: str | None, prefix: str, fence_seq: int
+    journal: Journal,
+    policy: FlushPolicy,
+    bucket: str | None,
+    prefix: str,
+    fence_seq: int,
+    fleet: FleetHeld | None = None,
 ) -> Unflushed:
     """What is not durable yet of what was acknowledged up to ``fence_seq``, with how much
-    of it is failed or held behind a failed object. (A few reads, not one snapshot: a row
-    may change state between them, so the parts are clamped to the whole.)"""
+    of it is failed or held behind a failed object (or, in a fleet, held for a node that
+    cannot answer). (A few reads, not one snapshot: a row may change state between them,
+    so the parts are clamped to the whole.)"""
     objects, size = await journal.unflushed(bucket, prefix, fence_seq)
     moving, _ = await journal.unflushed(bucket, prefix, fence_seq, skip_failed=True)
     failed = min(objects, max(0, objects - moving))
     held = 0
     if failed and 0 < moving <= _MAX_HELD_LOOKUP:
         held = min(moving, await held_markers(journal, policy, bucket, prefix, fence_seq))
+    if fleet is not None and moving > held:
+        held += min(moving - held, fleet.fleet_stuck(bucket, prefix))
     return Unflushed(objects, size, failed, held)
 
 
@@ -114,6 +130,7 @@ async def wait_movable(
     timeout_s: float,
     *,
     exclude_markers: bool = False,
+    fleet: FleetHeld | None = None,
 ) -> Unflushed:
     """Wait until everything acknowledged up to ``fence_seq`` under ``bucket``/``prefix`` is
     durable or stuck (failed, or a marker held behind a failed object), or ``timeout_s``
@@ -126,7 +143,7 @@ async def wait_movable(
         await journal.wait_flushed(
             bucket, prefix, fence_seq, min(left_s, _RECHECK_S), skip_failed=True
         )
-        state = await unflushed(journal, policy, bucket, prefix, fence_seq)
+        state = await unflushed(journal, policy, bucket, prefix, fence_seq, fleet)
         if exclude_markers:
             state = await without_markers(journal, policy, bucket, prefix, fence_seq, state)
         if state.objects == 0 or state.is_stuck or loop.time() >= deadline_s:
