@@ -75,7 +75,7 @@ class RateWindow:
         if not self._slots:
             return 0.0
         span_s = min(self.window_s, max(self._min_span_s, now_s - self._burst_s))
-        first = (now_s - span_s) / self._step_s
+        first = float(int((now_s - span_s) / self._step_s))  # the slot the span starts in
         total = sum(amount for slot, amount in self._slots if slot >= first)
         return max(0.0, total / span_s)
 

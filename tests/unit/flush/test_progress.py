@@ -55,6 +55,14 @@ def test_a_fresh_burst_is_divided_by_at_least_a_second() -> None:
     assert w.rate(50.001) == pytest.approx(64 * 1024)  # not 64 MiB/s after a millisecond
 
 
+def test_a_single_burst_counts_until_the_window_has_passed() -> None:
+    w = RateWindow(window_s=10.0)
+    w.add(77.77, 4000)  # one small flush, then nothing
+    assert w.rate(80.27) == pytest.approx(4000 / 2.5)
+    assert w.rate(87.0) == pytest.approx(4000 / 9.23)
+    assert w.rate(87.9) == 0.0
+
+
 def test_work_taken_back_lowers_the_rate_but_never_below_zero() -> None:
     w = RateWindow(window_s=10.0)
     w.add(0.0, 4 * MB)
@@ -123,7 +131,9 @@ def test_reads_from_executor_threads_are_all_counted() -> None:
     progress = FlushProgress(Clock())
     with progress.upload("b", "k", 8 * 4096):
         bodies = [progress.body("b", "k", io.BytesIO(b"t" * 4096)) for _ in range(8)]  # type: ignore[arg-type]
-        threads = [threading.Thread(target=lambda f=f: [f.read(1) for _ in range(4096)]) for f in bodies]
+        threads = [
+            threading.Thread(target=lambda f=f: [f.read(1) for _ in range(4096)]) for f in bodies
+        ]
         for t in threads:
             t.start()
         for t in threads:
