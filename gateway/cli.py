@@ -191,30 +191,40 @@ def table(header: list[str], rows: list[list[str]], left: int = 2) -> list[str]:
 class DrainProgress:
     """Bytes left, flush rate and ETA of one drain, from successive polls.
 
-    The rate is an exponentially weighted average of how fast the pending bytes fell
-    between polls (new writes arriving meanwhile make it look slower, which is the truth
-    that matters for an ETA).
+    Bytes left are the fence's unflushed bytes less what is already sent of its uploads in
+    flight (a large object moves the bar while it goes). The rate is an exponentially
+    weighted average of how fast they fell between polls (new writes arriving meanwhile
+    make it look slower, which is the truth that matters for an ETA); it is 0 once nothing
+    moved for ``IDLE_S``, and there is no ETA while the gateway says why there is none
+    (``no_eta``: paused, waiting for the upstream).
     """
 
+    IDLE_S = 10.0
     started_s: float
     first_bytes: int | None = None
     last_bytes: int | None = None
     last_s: float | None = None
+    moved_s: float | None = None
     rate_bytes_per_s: float | None = None
+    no_eta: bool = False
 
-    def update(self, now_s: float, pending_bytes: int) -> None:
+    def update(self, now_s: float, left_bytes: int) -> None:
         if self.first_bytes is None:
-            self.first_bytes = pending_bytes
+            self.first_bytes, self.moved_s = left_bytes, now_s
         if self.last_bytes is not None and self.last_s is not None and now_s > self.last_s:
-            sample = max(0.0, (self.last_bytes - pending_bytes) / (now_s - self.last_s))
+            sample = max(0.0, (self.last_bytes - left_bytes) / (now_s - self.last_s))
             prev = self.rate_bytes_per_s
             self.rate_bytes_per_s = sample if prev is None else 0.7 * prev + 0.3 * sample
-        self.last_bytes, self.last_s = pending_bytes, now_s
+            if sample > 0:
+                self.moved_s = now_s
+            elif self.moved_s is not None and now_s - self.moved_s >= self.IDLE_S:
+                self.rate_bytes_per_s = 0.0  # nothing moved lately: not a dwindling average
+        self.last_bytes, self.last_s = left_bytes, now_s
 
     def eta_s(self) -> float | None:
         if not self.last_bytes:
             return 0.0 if self.last_bytes == 0 else None
-        if not self.rate_bytes_per_s:
+        if not self.rate_bytes_per_s or self.no_eta:
             return None
         return self.last_bytes / self.rate_bytes_per_s
 
@@ -277,8 +287,9 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
     try:
         data = admin.drain(args.bucket, args.prefix, 0.0)
         while args.wait and not data["drained"] and not _only_failed(data):
-            progress.update(clock(), data["pending_bytes"])
-            sink.show(progress.line(data["pending_objects"], _note(admin, data)))
+            progress.update(clock(), _left_bytes(data))
+            note, progress.no_eta = _note(admin, data)
+            sink.show(progress.line(data["pending_objects"], note))
             left_s = deadline_s - clock()
             if left_s <= 0:
                 break
@@ -286,7 +297,7 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
     except AdminError as exc:
         sys.stderr.write(f"gateway drain: cannot reach the admin API: {exc}\n")
         return EXIT_UNREACHABLE
-    progress.update(clock(), data["pending_bytes"])
+    progress.update(clock(), _left_bytes(data))
     if args.wait:
         verdict = "drained" if data["drained"] else "timed out"
         if _only_failed(data):
@@ -312,14 +323,26 @@ def _only_failed(drain: dict[str, Any]) -> bool:
     return not drain["drained"] and stuck >= int(drain["pending_objects"])
 
 
-def _note(admin: AdminClient, drain: dict[str, Any]) -> str:
-    """Why a drain may not progress: the flusher paused, or some of its objects failed."""
+def _left_bytes(drain: dict[str, Any]) -> int:
+    """The fence's bytes not sent yet (a gateway too old to say counts none as sent)."""
+    return max(0, int(drain["pending_bytes"]) - int(drain.get("in_flight_sent_bytes") or 0))
+
+
+def _note(admin: AdminClient, drain: dict[str, Any]) -> tuple[str, bool]:
+    """Why a drain may not progress (the flusher paused, the upstream accepting nothing,
+    some of its objects failed), and whether the gateway says there can be no ETA."""
     notes = []
+    no_eta = False
     try:
-        if admin.status().get("flush_state") == "paused":
-            notes.append("flusher paused")
+        status = admin.status()
     except AdminError:
-        pass
+        status = {}
+    if status.get("flush_state") == "paused":
+        notes.append("flusher paused")
+        no_eta = True
+    elif str(status.get("eta_note") or "").startswith("waiting for the upstream"):
+        notes.append(str(status["eta_note"]))
+        no_eta = True
     if drain.get("failed_objects"):
         notes.append(f"{drain['failed_objects']} failed")
-    return ", ".join(notes)
+    return ", ".join(notes), no_eta

@@ -140,7 +140,7 @@ def _rows(checkpoints: list[dict[str, Any]]) -> list[str]:
         ]
         for c in checkpoints
     ]
-    lines = table(header, cells, left=2)
+    lines = table(header, cells, left=3)
     width = max(len(line) for line in lines)
     out = [f"  {lines[0].ljust(width)}  state"]
     for c, line in zip(checkpoints, lines[1:], strict=True):

@@ -76,7 +76,8 @@ async def drain(request: web.Request) -> web.Response:
 
     Unlike the status document, ``pending_objects``/``pending_bytes`` here keep their
     original meaning (scripts rely on it): everything of the fence not durable yet (what
-    the status calls ``unflushed_*``). Of them, ``failed_objects`` failed
+    the status calls ``unflushed_*``); ``in_flight_sent_bytes`` of it is already sent by
+    uploads in flight (not durable until they end). Of them, ``failed_objects`` failed
     permanently and ``held_objects`` are commit markers held back behind one: they wait
     for an operator (``POST /admin/v1/flush/retry``), not for time, so a waiting drain
     returns as soon as nothing else is left, rather than at its timeout."""
@@ -100,6 +101,8 @@ async def drain(request: web.Request) -> web.Response:
             "pending_bytes": left.bytes,
             "failed_objects": left.failed,
             "held_objects": left.held,
+            # Of pending_bytes: already sent by uploads in flight (progress, not durable).
+            "in_flight_sent_bytes": svc.flusher.progress.sent_bytes(bucket, prefix),
         }
     )
 

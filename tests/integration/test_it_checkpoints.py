@@ -289,6 +289,8 @@ def test_bytes_in_flight_count_and_the_rate_decays_to_zero(tmp_path: Path) -> No
         [ckpt] = doc["checkpoints"]
         assert 0 < ckpt["sent_bytes"] <= size and ckpt["state"] == "writing"
         assert gw.metric("gateway_flush_in_flight_sent_bytes") > 0
+        fence = gw.drain(bucket="slow", prefix="ckpt/", wait=False)  # `gateway drain`'s bar
+        assert fence["pending_bytes"] == size and 0 < fence["in_flight_sent_bytes"] <= size
 
         gw.drained(bucket="slow", timeout=60)
         done_s = time.monotonic()

@@ -84,6 +84,7 @@ def test_drain_times_out_with_exit_3_and_plain_progress(gateway_factory: Any, bu
         "pending_bytes": len(body),
         "failed_objects": 0,
         "held_objects": 0,
+        "in_flight_sent_bytes": 0,
     }
     # Not a TTY: plain lines, no carriage returns; the first and the verdict at least.
     progress = proc.stderr.splitlines()
@@ -151,6 +152,7 @@ def test_drain_stops_waiting_when_only_failed_objects_are_left(
         "pending_bytes": len(b"shard") + len(b"marker"),
         "failed_objects": 1,  # the shard
         "held_objects": 1,  # the marker, held back behind it (never uploaded without it)
+        "in_flight_sent_bytes": 0,
     }
     assert "(only failed objects are left)" in proc.stderr
     assert "1 of the pending objects failed permanently (1 commit markers" in proc.stderr

@@ -185,9 +185,25 @@ def test_drain_progress_rate_and_eta() -> None:
     line = p.line(3, "flusher paused")
     assert line.startswith("[" + "#" * 6 + "-" * 24 + "]  20% 800.0 MiB left in 3 objects")
     assert line.endswith("70.0 MiB/s, ETA 11s (flusher paused)")
+    p.no_eta = True  # the gateway says why there is none (paused, waiting for the upstream)
+    assert p.eta_s() is None
+    p.no_eta = False
     p.update(5.0, 0)
     assert p.eta_s() == 0.0
     assert p.line(0).startswith("[" + "#" * 30 + "] 100% 0 B left")
+
+
+def test_drain_progress_rate_is_zero_once_nothing_moved_for_ten_seconds() -> None:
+    p = cli.DrainProgress(started_s=0.0)
+    p.update(0.0, 1000)
+    p.update(1.0, 500)  # 500 B/s
+    for t in range(2, 11):
+        p.update(float(t), 500)
+        assert p.rate_bytes_per_s is not None and p.rate_bytes_per_s > 0  # decaying
+    p.update(11.0, 500)  # 10 s without a byte moving: 0, and no ETA
+    assert p.rate_bytes_per_s == 0.0
+    assert p.eta_s() is None
+    assert p.line(1).endswith("0 B/s, ETA -")
 
 
 def test_progress_sink_plain_lines_are_periodic() -> None:
