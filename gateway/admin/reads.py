@@ -12,7 +12,8 @@
   flusher's state, rate and what needs an operator. Without ``bucket`` or without
   ``prefix``: ``{"roots": [<that document per root>], "flush": ...}`` over every bucket
   the journal holds rows for (or ``bucket``), each from ``prefix`` when given, else from
-  the roots found from its commit-marker rows (``CheckpointService.roots``).
+  the roots found from its commit-marker rows (``CheckpointService.roots``). ``limit=N``
+  describes only the N newest directories of each root (the status page asks for 10).
 
 Errors are JSON: ``{"error": <code>, "message": <text>}``.
 """
@@ -93,11 +94,14 @@ async def list_checkpoints(request: web.Request) -> web.Response:
     service = request.app[CHECKPOINTS]
     bucket = request.query.get("bucket") or None
     prefix = request.query.get("prefix")
+    limit = _limit(request)
+    if isinstance(limit, web.Response):
+        return limit
     view = FlusherView(svc.flusher)
     flush = await _flush_summary(svc)
     if bucket is not None and prefix is not None:
         try:
-            listing = await service.checkpoints(bucket, prefix, view)
+            listing = await service.checkpoints(bucket, prefix, view, limit)
         except S3Error as exc:
             return _error(exc.status, exc.code, exc.message)
         return web.json_response({**_root_doc(svc, listing), "flush": flush})
@@ -109,11 +113,21 @@ async def list_checkpoints(request: web.Request) -> web.Response:
     docs = []
     for name, root in roots:
         try:
-            docs.append(_root_doc(svc, await service.checkpoints(name, root, view)))
+            docs.append(_root_doc(svc, await service.checkpoints(name, root, view, limit)))
         except S3Error as exc:  # nothing local there and the upstream cannot list it
             listing = CheckpointList(name, root, [], f"{exc.code}: {exc.message}")
             docs.append(_root_doc(svc, listing))
     return web.json_response({"roots": docs, "flush": flush})
+
+
+def _limit(request: web.Request) -> int | web.Response | None:
+    """``limit=N``: only the N newest directories of each root are described."""
+    raw = request.query.get("limit")
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        return _error(400, "InvalidArgument", "limit must be a whole number")
+    return int(raw)
 
 
 def _root_doc(svc: AdminServices, listing: CheckpointList) -> dict[str, Any]:

@@ -145,11 +145,16 @@ class CheckpointService:
         self._roots: tuple[float, dict[str, list[str]]] | None = None
 
     async def checkpoints(
-        self, bucket: str, prefix: str, flush: FlushView | None = None
+        self,
+        bucket: str,
+        prefix: str,
+        flush: FlushView | None = None,
+        limit: int | None = None,
     ) -> CheckpointList:
-        """Every directory directly under ``prefix``, newest first, with this node's
-        figures. Raises the upstream's S3Error only when it cannot be listed and this node
-        holds nothing under the prefix either (e.g. ``NoSuchBucket``)."""
+        """Every directory directly under ``prefix`` (the ``limit`` newest only, when given:
+        one marker lookup each), newest first, with this node's figures. Raises the
+        upstream's S3Error only when it cannot be listed and this node holds nothing under
+        the prefix either (e.g. ``NoSuchBucket``)."""
         base = directory(prefix)
         upstream_error = None
         try:
@@ -159,13 +164,16 @@ class CheckpointService:
             if not dirs and not await self._journal.scan(bucket, base, "", 1):
                 raise
             upstream_error = f"{exc.code}: {exc.message}"
+        if limit is not None:
+            dirs.sort(key=lambda d: natural_key(d[len(base) : -1]), reverse=True)
+            dirs = dirs[: max(0, limit)]
         failed = None
         if self._journal.figures.unflushed_under(bucket, base).failed_objects:
             failed = await failed_rows(self._journal)
-        limit = asyncio.Semaphore(_HEADS_AT_ONCE)
+        at_once = asyncio.Semaphore(_HEADS_AT_ONCE)
 
         async def describe(path: str) -> Checkpoint:
-            async with limit:
+            async with at_once:
                 return await self._describe(bucket, base, path, flush, failed, upstream_error)
 
         found = await asyncio.gather(*(describe(d) for d in dirs))

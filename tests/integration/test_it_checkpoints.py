@@ -218,6 +218,12 @@ def test_every_bucket_and_root_without_flags_and_no_complete_checkpoint_exits_4(
         assert _rows(listed.stdout)["step_5"].endswith("complete on this node")
         assert "  run  " in listed.stdout and listed.stdout.rstrip().endswith("writing")
 
+        # The page asks for the newest few only (one marker lookup each).
+        newest = gw.admin_get(f"/admin/v1/checkpoints?bucket={bucket}&prefix=jobs/a/&limit=1")
+        assert [c["name"] for c in newest["checkpoints"]] == ["step_6"]
+        bad = gw.admin_request("GET", f"/admin/v1/checkpoints?bucket={bucket}&limit=x")
+        assert bad.status == 400 and bad.json()["error"] == "InvalidArgument"
+
         none = _cli(gw, "checkpoints", "--bucket", other, "--wait", "--timeout", "30")
         assert none.returncode == 4, none.stdout + none.stderr
         assert none.stderr == "gateway checkpoints: no complete checkpoint\n"
