@@ -37,6 +37,7 @@ from gateway.upstream.client import PartSource
 WINDOW_S = 10.0  # rates are what moved over (at most) this many seconds back
 _STEP_S = 0.1  # resolution of a rate window
 _MIN_SPAN_S = 1.0  # a burst younger than this is still divided by a second (no spikes)
+_MAX_LANES = 1024  # lane windows kept before idle ones are dropped (also at each read)
 RESUME = "gateway resume"
 RETRY = "gateway retry"
 
@@ -200,7 +201,7 @@ class FlushProgress:
             ok = True
         finally:
             with self._lock:
-                done = self._uploads.pop((bucket, key))
+                done = self._uploads.pop((bucket, key), _Upload(0))
                 now_s = self._clock()
                 if ok:
                     self._done_bytes += done.size_bytes
@@ -237,6 +238,8 @@ class FlushProgress:
             now_s = self._clock()
             window = self._lanes.get((bucket, lane_prefix))
             if window is None:
+                if len(self._lanes) >= _MAX_LANES:  # lanes come and go with checkpoint steps
+                    self._forget_idle_lanes(now_s)
                 window = self._lanes[(bucket, lane_prefix)] = RateWindow(self._window_s)
             window.add(now_s, 1.0)
             self._last_progress_s = now_s
@@ -274,9 +277,13 @@ class FlushProgress:
         with self._lock:
             now_s = self._clock()
             rates = {ident: w.rate(now_s) for ident, w in self._lanes.items()}
-            for ident in [i for i, w in self._lanes.items() if w.is_idle]:
-                del self._lanes[ident]
+            self._forget_idle_lanes(now_s)
             return {ident: r for ident, r in rates.items() if r > 0}
+
+    def _forget_idle_lanes(self, now_s: float) -> None:
+        """Drop the windows of lanes with nothing in their window (lock held)."""
+        for ident in [i for i, w in self._lanes.items() if w.rate(now_s) == 0 and w.is_idle]:
+            del self._lanes[ident]
 
     def waiting_for(self) -> str | None:
         """The upstream's latest failure when nothing was accepted since (no byte moved, no

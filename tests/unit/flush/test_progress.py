@@ -194,3 +194,12 @@ def test_eta_rules(kw: dict[str, object], expected: Eta) -> None:
         "waiting_for": None,
     }
     assert eta(**{**args, **kw}) == expected  # type: ignore[arg-type]
+
+
+def test_idle_lane_windows_are_dropped_even_if_nobody_reads_them() -> None:
+    clock = Clock()
+    progress = FlushProgress(clock)
+    for step in range(3000):  # a new lane per checkpoint step, hours apart
+        progress.accepted("b", f"ckpt/step_{step}/")
+        clock.now_s += WINDOW_S + 1
+    assert len(progress._lanes) <= 1024
