@@ -11,9 +11,10 @@ import argparse
 import ipaddress
 import os
 import re
+import shutil
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -209,68 +210,123 @@ class Settings:
         return self.upstream_endpoint is None
 
 
-# name -> (converter, flag help). Names match Settings fields; flags drop _bytes / _s.
-_OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "listen": (_host_port, "S3 listener HOST:PORT"),
-    "admin_listen": (_host_port, "admin listener HOST:PORT"),
-    "data_dir": (Path, "directory for bodies and the journal (local NVMe)"),
-    "upstream_endpoint": (
-        _endpoint_url,
-        "real S3 endpoint URL; omit for the embedded demo upstream",
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One option of ``gateway serve``: how a flag, env or file value becomes the field's
+    value, the placeholder --help shows for it, and its --help line (the README's
+    Configuration table has the long form). The default shown is the Settings field's."""
+
+    convert: Callable[[Any], Any]
+    metavar: str
+    help: str
+
+
+_SIZE_ARG, _SECONDS, _BOOL = "SIZE", "SECS", "true|false"
+
+# --help groups, in order; an option belongs to exactly one. Adding an option is one line
+# in its group (and a Settings field of the same name); a new family is a new group. Keep
+# each text short: with its default it should fit 44 columns (one line at 80).
+GROUPS: tuple[tuple[str, dict[str, Option]], ...] = (
+    (
+        "listeners",
+        {
+            "listen": Option(_host_port, "HOST:PORT", "S3 listener"),
+            "admin_listen": Option(_host_port, "HOST:PORT", "admin API"),
+            "domain": Option(str, "DOMAIN", "BUCKET.DOMAIN addressing"),
+            "tls_cert": Option(Path, "FILE", "PEM chain: S3 over https"),
+            "tls_key": Option(Path, "FILE", "PEM key of --tls-cert"),
+        },
     ),
-    "upstream_region": (str, "upstream region"),
-    "upstream_addressing_style": (_choice("auto", "path", "virtual"), "upstream addressing style"),
-    "access_key": (str, "client access key id"),
-    "secret_key": (str, "client secret key"),
-    "durability": (_choice("fsync", "none"), "fsync (default) or none"),
-    "capacity_bytes": (parse_size, "local cache capacity (e.g. 500GiB)"),
-    "domain": (str, "base domain for virtual-hosted-style addressing"),
-    "flush_concurrency": (int, "uploads in flight at once"),
-    "flush_retry_base_s": (float, "first retry backoff ceiling, seconds"),
-    "flush_retry_max_s": (float, "backoff cap, seconds"),
-    "flush_rate": (float, "upstream requests/s, all lanes (0 = unlimited)"),
-    "flush_bandwidth_bytes": (parse_size, "upstream bytes/s, all lanes (0 = unlimited)"),
-    "flush_rate_burst": (float, "burst of --flush-rate in requests (0 = 1 s worth)"),
-    "flush_bandwidth_burst_bytes": (parse_size, "burst of --flush-bandwidth (0 = 1 s worth)"),
-    "flush_initial_rate": (float, "requests/s a bucket's adaptive budget slow-starts from"),
-    "flush_min_rate": (float, "floor of a bucket's adaptive requests/s"),
-    "lane_depth": (int, "path segments of a key that name its prefix lane"),
-    "lane_rate": (float, "hard cap of each lane's requests/s"),
-    "lane_bandwidth_bytes": (parse_size, "bytes/s per lane (0 = unlimited)"),
-    "lane_min_rate": (float, "floor of the own rate of a lane throttled on its own"),
-    "lane_concurrency": (int, "uploads in flight per lane"),
-    "write_back_delay_s": (float, "seconds an object waits before it may flush (coalescing)"),
-    "temp_patterns": (_patterns, "comma-separated globs of temp keys held longer"),
-    "temp_hold_s": (float, "seconds temp keys wait before they may flush"),
-    "commit_markers": (_patterns, "comma-separated globs of commit-marker file names"),
-    "multipart_threshold_bytes": (parse_size, "single PUTs above this flush as multipart"),
-    "early_multipart": (_bool, "send multipart parts upstream as they land (true/false)"),
-    "inline_threshold_bytes": (parse_size, "PUT bodies up to this live in the journal (0: off)"),
-    "max_object_bytes": (parse_size, "largest PutObject body or part"),
-    "min_part_bytes": (parse_size, "smallest non-last multipart part"),
-    "shutdown_drain_timeout_s": (float, "seconds to keep flushing after SIGTERM"),
-    "tls_cert": (Path, "PEM certificate chain: serve S3 over https"),
-    "tls_key": (Path, "PEM private key for --tls-cert"),
-    "demo_bucket": (str, "bucket created in the embedded demo upstream"),
-    "log_level": (_choice("debug", "info", "warning", "error"), "log level"),
-    # --- logs (issue 6) ---
-    "log_format": (_choice("text", "json"), "log format: text or json (one object a line)"),
-    "access_log": (_bool, "log one line per S3 request (true/false)"),
-    # -- cache capacity and eviction (issue 5)
-    "cache_high_watermark": (float, "fraction of --capacity that starts eviction (0.9)"),
-    "cache_low_watermark": (float, "fraction of --capacity eviction stops at (0.8)"),
-    # -- reads of remote objects (issue 15)
-    "read_part_size_bytes": (parse_size, "bytes of each ranged GET of a remote object (8MiB)"),
-    "read_concurrency": (int, "ranged GETs of remote objects in flight at once (32)"),
-    # --- Hostile input, admin auth and client credentials (tests/faults) ---
-    "max_header_size_bytes": (parse_size, "largest request header section (e.g. 16KiB)"),
-    "max_line_size_bytes": (parse_size, "largest request line: method, path and query"),
-    "max_headers": (int, "most header lines in one request"),
-    "max_xml_body_bytes": (parse_size, "largest XML request body (CompleteMultipartUpload, ...)"),
-    "admin_token": (str, "bearer token of the admin API (required off loopback)"),
-    "admin_token_file": (Path, "file holding the admin API bearer token"),
-    "credentials_file": (Path, "client credentials: YAML/JSON key->secret or a Secret dir"),
-}
+    (
+        "upstream (its credentials: the AWS chain, never the clients')",
+        {
+            "upstream_endpoint": Option(_endpoint_url, "URL", "S3 endpoint; none: a demo"),
+            "upstream_region": Option(str, "REGION", "also told to clients"),
+            "upstream_addressing_style": Option(
+                _choice("auto", "path", "virtual"), "STYLE", "auto|path|virtual"
+            ),
+            "demo_bucket": Option(str, "NAME", "bucket of the demo upstream"),
+        },
+    ),
+    (
+        "durability and cache",
+        {
+            "data_dir": Option(Path, "DIR", "on the node's NVMe"),
+            "durability": Option(_choice("fsync", "none"), "fsync|none", "none: no fsync"),
+            "capacity_bytes": Option(parse_size, _SIZE_ARG, "cache size; 0: the disk's"),
+            "cache_high_watermark": Option(float, "RATIO", "of capacity: start evicting"),
+            "cache_low_watermark": Option(float, "RATIO", "of capacity: stop evicting"),
+            "inline_threshold_bytes": Option(parse_size, _SIZE_ARG, "bodies kept in the journal"),
+        },
+    ),
+    (
+        "flush engine: rates and lanes",
+        {
+            "flush_concurrency": Option(int, "N", "requests in flight, all lanes"),
+            "flush_rate": Option(float, "N", "req/s, all lanes; 0: no cap"),
+            "flush_rate_burst": Option(float, "N", "0: one second's worth"),
+            "flush_bandwidth_bytes": Option(parse_size, _SIZE_ARG, "bytes/s, all lanes; 0: no cap"),
+            "flush_bandwidth_burst_bytes": Option(parse_size, _SIZE_ARG, "0: one second's worth"),
+            "flush_initial_rate": Option(float, "N", "a bucket's slow start, req/s"),
+            "flush_min_rate": Option(float, "N", "a bucket's floor, req/s"),
+            "flush_retry_base_s": Option(float, _SECONDS, "first backoff ceiling"),
+            "flush_retry_max_s": Option(float, _SECONDS, "backoff cap"),
+            "lane_depth": Option(int, "N", "key segments naming a lane"),
+            "lane_rate": Option(float, "N", "a lane's cap, req/s"),
+            "lane_min_rate": Option(float, "N", "floor of a lane alone, req/s"),
+            "lane_bandwidth_bytes": Option(parse_size, _SIZE_ARG, "bytes/s per lane; 0: no cap"),
+            "lane_concurrency": Option(int, "N", "uploads in flight per lane"),
+        },
+    ),
+    (
+        "flush engine: what goes up when",
+        {
+            "write_back_delay_s": Option(float, _SECONDS, "after the ack (coalescing)"),
+            "temp_patterns": Option(_patterns, "GLOBS", "temp keys, held longer"),
+            "temp_hold_s": Option(float, _SECONDS, "how long temp keys wait"),
+            "commit_markers": Option(_patterns, "GLOBS", "go up last"),
+            "multipart_threshold_bytes": Option(
+                parse_size, _SIZE_ARG, "bigger PUTs go up in parts"
+            ),
+            "early_multipart": Option(_bool, _BOOL, "parts go up as they land"),
+            "shutdown_drain_timeout_s": Option(float, _SECONDS, "flushing after SIGTERM"),
+        },
+    ),
+    (
+        "reads of objects only upstream",
+        {
+            "read_part_size_bytes": Option(parse_size, _SIZE_ARG, "each ranged GET"),
+            "read_concurrency": Option(int, "N", "ranged GETs in flight"),
+        },
+    ),
+    (
+        "limits and security",
+        {
+            "access_key": Option(str, "KEY", "clients' key; demo: demo"),
+            "secret_key": Option(str, "SECRET", "clients' secret"),
+            "credentials_file": Option(Path, "FILE", "more keys: map or Secret dir"),
+            "admin_token": Option(str, "TOKEN", "admin bearer token"),
+            "admin_token_file": Option(Path, "FILE", "file holding it"),
+            "max_object_bytes": Option(parse_size, _SIZE_ARG, "largest body or part"),
+            "min_part_bytes": Option(parse_size, _SIZE_ARG, "smallest part but the last"),
+            "max_header_size_bytes": Option(parse_size, _SIZE_ARG, "largest header section"),
+            "max_line_size_bytes": Option(parse_size, _SIZE_ARG, "largest request line"),
+            "max_headers": Option(int, "N", "most header lines"),
+            "max_xml_body_bytes": Option(parse_size, _SIZE_ARG, "largest XML body"),
+        },
+    ),
+    (
+        "logging",
+        {
+            "log_level": Option(
+                _choice("debug", "info", "warning", "error"), "LEVEL", "debug|info|warning|error"
+            ),
+            "log_format": Option(_choice("text", "json"), "text|json", "json: one object a line"),
+            "access_log": Option(_bool, _BOOL, "a line per S3 request"),
+        },
+    ),
+)
+_OPTIONS: dict[str, Option] = {name: opt for _, group in GROUPS for name, opt in group.items()}
 
 
 def flag_name(field_name: str) -> str:
@@ -279,16 +335,74 @@ def flag_name(field_name: str) -> str:
     return base.replace("_", "-")
 
 
+def env_name(field_name: str) -> str:
+    """The environment variable of a field: ``GATEWAY_`` + its flag, in capitals."""
+    return "GATEWAY_" + flag_name(field_name).upper().replace("-", "_")
+
+
+def shown_default(field_name: str) -> str:
+    """A Settings default as --help shows it: sizes in binary units (``64MiB``), numbers
+    without a trailing ``.0``, lists comma-separated, booleans as ``true``/``false``, and
+    ``none`` for an unset value."""
+    value = _DEFAULTS[field_name]
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if field_name.endswith("_bytes"):
+        return format_size(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def format_size(value: int) -> str:
+    """``64MiB`` for 64 * MiB: the largest binary unit that divides it (what parse_size
+    reads back to the same number); ``0`` for 0."""
+    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if value and value % size == 0:
+            return f"{value // size}{unit}"
+    return str(value)
+
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
+_DESCRIPTION = """\
+Run the gateway. Each option is also read from GATEWAY_<OPTION>
+(GATEWAY_DATA_DIR, ...) and from a key of the --config YAML file
+(data_dir: ...); flags beat environment beat file. Sizes in binary units
+(64MiB, 1.5TiB). More in README.md, section Configuration."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written; the option column wide enough for most flags to keep
+    their text on the same line; no wider than 100 columns on a wide terminal."""
+
+    def __init__(self, prog: str) -> None:
+        width = min(shutil.get_terminal_size().columns, 100) - 2
+        super().__init__(prog, max_help_position=34, width=width)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="YAML config file")
-    for name, (_, help_text) in _OPTIONS.items():
-        flag = flag_name(name)
-        parser.add_argument(
-            f"--{flag}",
-            dest=name,
-            default=None,
-            help=f"{help_text} [env GATEWAY_{flag.upper().replace('-', '_')}]",
-        )
+    """Every option of ``gateway serve`` on ``parser``, in its --help group with its
+    default. Flags default to None: ``load`` fills what was not given from env, file and
+    Settings, in that order."""
+    parser.usage = "%(prog)s [--config FILE] [OPTION ...]"
+    parser.description = _DESCRIPTION
+    parser.formatter_class = _HelpFormatter
+    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file")
+    for title, options in GROUPS:
+        group = parser.add_argument_group(title)
+        for name, option in options.items():
+            text = f"{option.help} (default: {shown_default(name)})"
+            group.add_argument(
+                f"--{flag_name(name)}",
+                dest=name,
+                default=None,
+                metavar=option.metavar,
+                help=text.replace("%", "%%"),  # argparse %-formats help strings
+            )
 
 
 def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Settings:
@@ -299,16 +413,16 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
     if config_path:
         values.update(_from_file(Path(config_path)))
     for name in _OPTIONS:
-        env_name = "GATEWAY_" + flag_name(name).upper().replace("-", "_")
-        if env_name in env:
-            values[name] = env[env_name]
+        variable = env_name(name)
+        if variable in env:
+            values[name] = env[variable]
         flag_value = getattr(args, name, None) if args is not None else None
         if flag_value is not None:
             values[name] = flag_value
     converted: dict[str, Any] = {}
     for name, raw in values.items():
         try:
-            converted[name] = _OPTIONS[name][0](raw) if raw is not None else None
+            converted[name] = _OPTIONS[name].convert(raw) if raw is not None else None
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{flag_name(name)}: {exc}") from exc
     settings = Settings(**converted)

@@ -46,7 +46,14 @@ class PlainBody:
 def request_body(
     request: web.Request, auth: AuthContext
 ) -> tuple[PlainBody | AwsChunkedBody, int | None]:
-    """The body to store and its decoded length when the client declared one."""
+    """The body to store and its decoded length when the client declared one.
+
+    A request that frames no body (neither a Content-Length nor HTTP chunked) is
+    ``MissingContentLength`` (411), aws-chunked or not: HTTP gives it no body at all, and
+    S3 asks for one of the two (sigv4-streaming.html). A malformed Content-Length (empty,
+    negative, not a number) never gets here: the HTTP parser answers it 400 BadRequest."""
+    if request.content_length is None and not _is_http_chunked(request):
+        raise MissingContentLength()
     sha = request.headers.get("x-amz-content-sha256", "")
     # The framing is aws-chunked when the payload hash names a streaming mode, or when the
     # decoded length is declared (SDKs that stream with UNSIGNED-PAYLOAD). A Content-Encoding
@@ -61,12 +68,11 @@ def request_body(
         length = _int_header(declared, "x-amz-decoded-content-length")
         reader = request.content if request.body_exists else _empty_reader()
         return AwsChunkedBody(reader, decoded_length=length, auth=auth), length
-    if (
-        request.content_length is None
-        and "chunked" not in request.headers.get("Transfer-Encoding", "").lower()
-    ):
-        raise MissingContentLength()
     return PlainBody(request), request.content_length
+
+
+def _is_http_chunked(request: web.Request) -> bool:
+    return "chunked" in request.headers.get("Transfer-Encoding", "").lower()
 
 
 def _empty_reader() -> asyncio.StreamReader:

@@ -169,6 +169,11 @@ def _crc_trailer(data: bytes, value: str) -> bytes:
     return aws_chunked_unsigned(data, 8, {"x-amz-checksum-crc32": value})
 
 
+_DECODED = {"Content-Encoding": "aws-chunked", "x-amz-decoded-content-length": "3"}
+_VALID = b"<valid>"
+_FRAMINGS = ("plain", "aws-chunked", "aws-chunked-signed", "aws-chunked+te")
+
+
 CASES = [
     # keys
     Case(
@@ -493,7 +498,70 @@ CASES = [
         400,
         "BadRequest",
     ),
+    # A Content-Length that is no length (ceph s3-tests test_object_create_bad_contentlength_
+    # empty / _negative): 400 whatever the body's framing, nothing stored. S3 answers these
+    # 400 Bad Request; the gateway's HTTP parser refuses them before any handler runs.
+    *(
+        Case(
+            f"content-length-{name}-{framing}",
+            lambda g, u, key=f"cl/{name}/{framing}", value=value, framing=framing: _framed_put(
+                g, key, value, framing
+            ),
+            400,
+            "BadRequest",
+            f"cl/{name}/{framing}",
+        )
+        for name, value in (("empty", b""), ("blank", b"  "), ("word", b"abc"), ("minus", b"-3"))
+        for framing in _FRAMINGS
+    ),
+    # Neither a Content-Length nor Transfer-Encoding: HTTP gives the request no body, and S3
+    # asks for a length (test_object_create_bad_contentlength_none), aws-chunked or not.
+    Case(
+        "no-length-aws-chunked",
+        lambda g, u: _framed_put(g, "cl/none/aws-chunked", None, "aws-chunked", body=False),
+        411,
+        "MissingContentLength",
+        "cl/none/aws-chunked",
+    ),
+    Case(
+        "no-length-plain",
+        lambda g, u: _framed_put(g, "cl/none/plain", None, "plain", body=False),
+        411,
+        "MissingContentLength",
+        "cl/none/plain",
+    ),
 ]
+
+
+def _framed_put(
+    gw: Any, key: str, length: bytes | None, framing: str, *, body: bool = True
+) -> HttpResponse:
+    """A signed PUT of ``bar`` with ``Content-Length: <length>`` (none when None; the body's
+    own with ``_VALID``), the body plain or aws-chunked (unsigned with a trailer, or
+    chunk-signed); ``+te`` sends the aws-chunked body HTTP chunked, as botocore does."""
+    data, path = b"bar", f"/{BUCKET}/{urllib.parse.quote(key)}"
+    if framing == "plain":
+        head, payload = signed_head(gw, "PUT", path, data), data
+    elif framing == "aws-chunked-signed":
+        sha = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
+        req = sign_request("PUT", gw.endpoint + path, headers=_DECODED, content_sha256=sha)
+        head = f"PUT {path} HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\n".encode()
+        sent = {n: v for n, v in req.headers.items() if n.lower() not in ("host", "content-length")}
+        head += b"".join(f"{n}: {v}\r\n".encode() for n, v in sent.items())
+        payload = aws_chunked_signed(data, seed_signature=req.signature, timestamp=req.timestamp)
+    else:
+        sha = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+        trailer = {"x-amz-trailer": "x-amz-checksum-crc32"}
+        head = signed_head(gw, "PUT", path, headers=_DECODED | trailer, content_sha256=sha)
+        payload = aws_chunked_unsigned(data, trailers={"x-amz-checksum-crc32": crc32_b64(data)})
+    if length == _VALID:  # the control: the length the body really has (or HTTP chunked)
+        length = None if framing.endswith("+te") else str(len(payload)).encode()
+    if length is not None:
+        head += b"Content-Length: " + length + b"\r\n"
+    if framing.endswith("+te"):  # HTTP chunked around the aws-chunked body, as urllib3 sends
+        head += b"Transfer-Encoding: chunked\r\n"
+        payload = b"%x\r\n%b\r\n0\r\n\r\n" % (len(payload), payload)
+    return _raw_response(gw, head + b"\r\n" + (payload if body else b""))
 
 
 def _coded_put(gw: Any, key: str, coding: bytes) -> HttpResponse:
@@ -528,6 +596,19 @@ def test_hostile_request_gets_s3_error(
     if case.key is not None:
         assert_invisible(gw, case.key)
     sandbox.assert_contained()
+
+
+@pytest.mark.parametrize("framing", _FRAMINGS)
+def test_each_framing_with_its_real_length_is_stored(
+    sandbox: Sandbox, present: None, framing: str
+) -> None:
+    """The control of the Content-Length cases above: the same requests with the length the
+    body has (aws-chunked over HTTP chunked: none) store ``bar``."""
+    key = f"cl/valid/{framing}"
+    resp = _framed_put(sandbox.gw, key, _VALID, framing)
+    assert resp.status == 200, resp.body
+    got = signed(sandbox.gw, "GET", f"/{BUCKET}/{key}")
+    assert (got.status, got.body) == (200, b"bar")
 
 
 def assert_still_serving(gw: Any) -> None:
