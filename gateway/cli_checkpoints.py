@@ -65,7 +65,9 @@ def add_arguments(sub: Any) -> None:
     parser.add_argument(
         "--wait", action="store_true", help="until the newest complete checkpoint is durable"
     )
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds (with --wait)")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds (with --wait) [default 300]"
+    )
     parser.add_argument("--json", action="store_true", help="print the admin API's JSON")
 
 

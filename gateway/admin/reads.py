@@ -105,9 +105,8 @@ async def list_checkpoints(request: web.Request) -> web.Response:
         except S3Error as exc:
             return _error(exc.status, exc.code, exc.message)
         return web.json_response({**_root_doc(svc, listing), "flush": flush})
-    if prefix is not None:
-        buckets = await service.roots(bucket)
-        roots = sorted({(name, directory(prefix)) for name, _ in buckets})
+    if prefix is not None:  # every bucket, from that prefix
+        roots = [(name, directory(prefix)) for name in await service.buckets()]
     else:
         roots = await service.roots(bucket)
     docs = []

@@ -186,8 +186,12 @@ class CheckpointService:
         only, if given), sorted: the parents of directories with a commit marker row, or
         the bucket's root when it has none yet."""
         by_bucket = await self._marker_roots()
-        names = [bucket] if bucket is not None else await catalog.buckets_with_rows(self._journal)
+        names = [bucket] if bucket is not None else await self.buckets()
         return [(name, root) for name in names for root in by_bucket.get(name, [""])]
+
+    async def buckets(self) -> list[str]:
+        """Every bucket this node holds rows for (pending, failed, or cached), sorted."""
+        return await catalog.buckets_with_rows(self._journal)
 
     async def _marker_roots(self) -> dict[str, list[str]]:
         now_s = self._clock()

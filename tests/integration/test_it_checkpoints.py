@@ -218,6 +218,11 @@ def test_every_bucket_and_root_without_flags_and_no_complete_checkpoint_exits_4(
         assert _rows(listed.stdout)["step_5"].endswith("complete on this node")
         assert "  run  " in listed.stdout and listed.stdout.rstrip().endswith("writing")
 
+        # --prefix without --bucket: that prefix in every bucket holding rows.
+        both = _cli(gw, "checkpoints", "--prefix", "jobs/a/")
+        headers = [line for line in both.stdout.splitlines() if line.startswith("s3://")]
+        assert headers == [f"s3://{bucket}/jobs/a/", f"s3://{other}/jobs/a/"]
+        assert both.stdout.rstrip().endswith("no checkpoint directories")
         # The page asks for the newest few only (one marker lookup each).
         newest = gw.admin_get(f"/admin/v1/checkpoints?bucket={bucket}&prefix=jobs/a/&limit=1")
         assert [c["name"] for c in newest["checkpoints"]] == ["step_6"]
