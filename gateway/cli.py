@@ -1,11 +1,11 @@
-"""Operator commands that talk to a running gateway's admin API: ``status`` and ``drain``
-(``checkpoints`` in cli_checkpoints.py, ``pause``/``resume``/``retry`` in cli_flush.py, the
-restart commands in cli_restore.py), and the admin client and formatting they share.
+"""``gateway drain``, and the admin client and formatting every admin command shares
+(``status``, ``pause``, ``resume`` and ``retry`` are in cli_status.py, ``checkpoints`` in
+cli_checkpoints.py, the restart commands in cli_restore.py).
 
 Only the standard library is used (urllib), so these commands work in a minimal image and
 from a Kubernetes preStop hook. Exit codes (scripts and the Helm chart rely on them):
 
-- 0: ``status`` printed; ``drain`` found everything drained.
+- 0: ``drain`` found everything drained.
 - 1: the admin API could not be reached (or answered an HTTP error).
 - 3: ``drain`` gave up: something was still pending when ``--timeout`` passed
   (or, without ``--wait``, at the moment of the call), or nothing but failed objects was
