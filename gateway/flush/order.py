@@ -399,6 +399,18 @@ class FlushOrder:
 
     # -- figures ----------------------------------------------------------------------------
 
+    def held_markers(self) -> list[tuple[str, str]]:
+        """(bucket, key) of the commit markers held back behind failed objects: their fence
+        has nothing left but failed rows, so only an operator's retry lets them go. O(markers
+        waiting)."""
+        return [
+            (gate.fence.bucket or "", gate.fence.exclude_key or "")
+            for gate in self._gates.values()
+            if gate.fence is not None
+            and gate.fence.tally.objects > 0
+            and gate.fence.tally.objects == gate.fence.tally.failed_objects
+        ]
+
     def backlog(self) -> dict[tuple[str, str], tuple[int, int]]:
         """Unflushed objects and bytes per (bucket, lane prefix), lanes with any only."""
         return {
