@@ -161,6 +161,9 @@ class Settings:
     tls_key: Path | None = None
     # Bucket created in the embedded demo upstream.
     demo_bucket: str = "demo"
+    # Flush the writes a data dir holds for another (or an unrecorded) upstream to this
+    # --upstream-endpoint. Off: such a data dir is refused (never the demo's writes).
+    adopt_data_dir: bool = False
     log_level: str = "info"
     # --- Hostile input, admin auth and client credentials (tests/faults) ---
     # Whole request header section (names + values); over it: RequestHeaderSectionTooLarge.
@@ -252,6 +255,10 @@ _OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "tls_cert": (Path, "PEM certificate chain: serve S3 over https"),
     "tls_key": (Path, "PEM private key for --tls-cert"),
     "demo_bucket": (str, "bucket created in the embedded demo upstream"),
+    "adopt_data_dir": (
+        _bool,
+        "flush a data dir's writes acknowledged for another upstream to this one (true/false)",
+    ),
     "log_level": (_choice("debug", "info", "warning", "error"), "log level"),
     # --- logs (issue 6) ---
     "log_format": (_choice("text", "json"), "log format: text or json (one object a line)"),

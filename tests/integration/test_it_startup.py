@@ -20,18 +20,21 @@ from harness import GatewayProcess, free_port
 START_TIMEOUT_S = 60
 
 
-def _serve(gw: GatewayProcess, *extra: str) -> subprocess.CompletedProcess[str]:
-    """Run the gateway's own command (plus ``extra`` flags) expecting it to exit."""
+def serve_once(
+    gw: GatewayProcess, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the gateway's own command (plus ``extra`` flags; in ``env`` if given, else its
+    own environment) expecting it to exit."""
     return subprocess.run(
         [*gw.command(), *extra],
-        env=gw.environment(),
+        env=gw.environment() if env is None else env,
         capture_output=True,
         text=True,
         timeout=START_TIMEOUT_S,
     )
 
 
-def _assert_one_line_failure(done: subprocess.CompletedProcess[str], *cause: str) -> str:
+def assert_one_line_failure(done: subprocess.CompletedProcess[str], *cause: str) -> str:
     """Exit 2; the last stderr line says why; nothing else but ordinary info lines."""
     out = done.stderr + done.stdout
     assert done.returncode == 2, out
@@ -61,8 +64,8 @@ def test_port_in_use_is_one_line(
 ) -> None:
     port = {"port": listening} if which == "s3" else {"admin_port": listening}
     gw = GatewayProcess(tmp_path / "data", moto_server, **port)  # type: ignore[arg-type]
-    done = _serve(gw)
-    _assert_one_line_failure(done, f"listening on 127.0.0.1:{listening}", "address already in use")
+    done = serve_once(gw)
+    assert_one_line_failure(done, f"listening on 127.0.0.1:{listening}", "address already in use")
     # Nothing was left behind (the lock included): the same data dir starts a gateway.
     other = GatewayProcess(tmp_path / "data", moto_server)
     other.start()
@@ -96,8 +99,8 @@ def _read_only_dir(tmp_path: Path) -> Iterator[Path]:
 def test_read_only_data_dir_is_one_line(moto_server: str, tmp_path: Path) -> None:
     with _read_only_dir(tmp_path) as data_dir:
         gw = GatewayProcess(data_dir, moto_server, log_path=tmp_path / "ro.log")
-        done = _serve(gw)
-        last = _assert_one_line_failure(done, f"data dir {data_dir}")
+        done = serve_once(gw)
+        last = assert_one_line_failure(done, f"data dir {data_dir}")
         assert "read-only file system" in last or "permission denied" in last, last
         # Neither listener was opened: both ports are free.
         for port in (gw.port, gw.admin_port):
@@ -133,8 +136,8 @@ def test_other_start_up_failures_are_one_line(
     if case == "journal-not-sqlite":
         gw.data_dir.mkdir()
         (gw.data_dir / "journal.db").write_text("these are not the pages of a database\n")
-    done = _serve(gw, *[a.replace("{garbage}", str(garbage)) for a in args])
-    _assert_one_line_failure(done, *cause)
+    done = serve_once(gw, *[a.replace("{garbage}", str(garbage)) for a in args])
+    assert_one_line_failure(done, *cause)
 
 
 def test_a_second_gateway_on_one_data_dir_refuses(
@@ -143,8 +146,8 @@ def test_a_second_gateway_on_one_data_dir_refuses(
     first = gateway_factory()
     first.client().put_object(Bucket=bucket, Key="locked/k", Body=b"v")
     second = GatewayProcess(first.data_dir, moto_server, log_path=first.data_dir.parent / "2.log")
-    done = _serve(second)
-    _assert_one_line_failure(
+    done = serve_once(second)
+    assert_one_line_failure(
         done, f"data dir {first.data_dir}", f"in use by another gateway (pid {first.pid})"
     )
     assert first.drained(bucket=bucket)["drained"] is True  # the first one never noticed
