@@ -92,8 +92,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         elif not aborted.is_set():
             aborted.set()
             log.warning(
-                "%s again: stopping at once, without waiting for the drain; what is not "
-                "flushed stays on disk, safe, for the next start",
+                "%s during the shutdown: stopping at once, without waiting for the drain; "
+                "what is not flushed stays on disk, safe, for the next start",
                 sig.name,
             )
 

@@ -115,16 +115,18 @@ class DataDirPlan:
                 f"flush to {self.upstream} instead"
             )
         if forgotten.cached_objects:
-            whose = (
-                "the previous demo upstream (it lived in memory and is gone)"
-                if self.previous == origin.DEMO
-                else (_name(self.previous) if self.previous else "an unrecorded upstream")
-            )
-            out.append(
+            copies = (
                 f"dropped {forgotten.cached_objects} cached copies "
-                f"({human_bytes(forgotten.cached_bytes)}) of objects in {whose}: "
-                f"{_name(self.upstream)} does not hold them"
+                f"({human_bytes(forgotten.cached_bytes)}) of objects"
             )
+            if self.previous == origin.DEMO:
+                out.append(
+                    f"{copies} flushed to the previous demo upstream: it lived in memory, and "
+                    "they are gone with it"
+                )
+            else:
+                whose = self.previous or "an unrecorded upstream"
+                out.append(f"{copies} in {whose}: {_name(self.upstream)} does not hold them")
         if forgotten.upstream_uploads and self.previous not in (None, origin.DEMO):
             out.append(
                 f"{forgotten.upstream_uploads} multipart uploads this gateway opened in "

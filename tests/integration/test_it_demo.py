@@ -160,7 +160,7 @@ def test_a_demo_restart_keeps_and_flushes_what_was_not_flushed(
     demo.start()
     s3 = demo.client()
     log = demo.logged("flushing resumes", after="===== start #2")
-    assert "dropped 1 cached copies (7 B) of objects in the previous demo upstream" in log
+    assert "dropped 1 cached copies (7 B) of objects flushed to the previous demo upstream" in log
     assert f"recovered 2 pending objects ({size}) from the journal; flushing resumes into " in log
     banner = demo.logged("the next demo start", after="===== start #2")
     assert "DEMO MODE" in banner and "flushes them into its own new upstream" in banner
@@ -196,7 +196,7 @@ def test_demo_then_real_then_demo_loses_nothing(
 
     real = GatewayProcess(data_dir, moto_server, log_path=tmp_path / "real.log")
     real.start()
-    assert "dropped 1 cached copies (11 B) of objects in the previous demo upstream" in (
+    assert "dropped 1 cached copies (11 B) of objects flushed to the previous demo upstream" in (
         real.logged("dropped")
     )
     real.pause_flush()

@@ -138,6 +138,83 @@ def test_other_start_up_failures_are_one_line(
         (gw.data_dir / "journal.db").write_text("these are not the pages of a database\n")
     done = serve_once(gw, *[a.replace("{garbage}", str(garbage)) for a in args])
     assert_one_line_failure(done, *cause)
+    # Nothing was created on disk: no data dir, or the one there as it was.
+    if case == "journal-not-sqlite":
+        assert os.listdir(gw.data_dir) == ["journal.db"]
+        assert (gw.data_dir / "journal.db").read_text() == "these are not the pages of a database\n"
+    else:
+        assert not gw.data_dir.exists()
+    assert garbage.read_text() == "-----BEGIN NOTHING-----\n"
+
+
+@pytest.mark.parametrize("case", ["new-nested-dir", "existing-dir", "blobs-is-a-file"])
+def test_a_failed_start_leaves_the_disk_as_it_was(
+    moto_server: str, tmp_path: Path, listening: int, case: str
+) -> None:
+    """A data dir the start made is gone again; one that existed holds what it held (no new
+    journal or lock file in it), whichever step failed: the S3 address in use (before the
+    data dir is touched), or the body store after the journal was created."""
+    data_dir = (
+        tmp_path / "new" / "nested" / "data" if case == "new-nested-dir" else tmp_path / "data"
+    )
+    if case != "new-nested-dir":
+        data_dir.mkdir()
+        (data_dir / "notes.txt").write_text("the operator's\n")
+    extra: dict[str, int] = {}
+    if case == "blobs-is-a-file":
+        (data_dir / "blobs").write_text("not a directory\n")
+    else:
+        extra["port"] = listening
+    gw = GatewayProcess(data_dir, moto_server, log_path=tmp_path / "gw.log", **extra)  # type: ignore[arg-type]
+    done = serve_once(gw)
+    if case == "blobs-is-a-file":
+        assert_one_line_failure(done, f"cannot start: opening the data dir {data_dir}")
+        assert sorted(os.listdir(data_dir)) == ["blobs", "notes.txt"]
+    else:
+        assert_one_line_failure(done, f"listening on 127.0.0.1:{listening}")
+    if case == "new-nested-dir":
+        assert not (tmp_path / "new").exists()
+    else:
+        assert (data_dir / "notes.txt").read_text() == "the operator's\n"
+        assert not (data_dir / "journal.db").exists() and not (data_dir / "gateway.lock").exists()
+
+
+@pytest.mark.parametrize("case", ["none", "partial"])
+def test_no_upstream_credentials_is_one_line(moto_server: str, tmp_path: Path, case: str) -> None:
+    """A real upstream and no upstream credentials in the AWS chain: the start fails before
+    it creates anything (every PUT would otherwise be acknowledged and never flushed)."""
+    gw = GatewayProcess(tmp_path / "data", moto_server)
+    env = gw.environment()
+    del env["AWS_SECRET_ACCESS_KEY"]
+    if case == "none":
+        del env["AWS_ACCESS_KEY_ID"]
+    done = serve_once(gw, env=env)
+    if case == "none":
+        last = assert_one_line_failure(
+            done,
+            f"cannot start: setting up the upstream client for {moto_server}: no upstream "
+            "credentials found",
+        )
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_ROLE_ARN"):
+            assert name in last, last
+    else:
+        assert_one_line_failure(done, "missing: AWS_SECRET_ACCESS_KEY")
+    assert not gw.data_dir.exists()
+
+
+def test_an_unreachable_upstream_is_a_warning_not_a_refusal(tmp_path: Path) -> None:
+    """An outage must not stop a node from acknowledging writes: the start says the
+    upstream does not answer, and serves."""
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    gw = GatewayProcess(tmp_path / "data", down)
+    gw.start()
+    try:
+        log = gw.logged("flush once it answers")
+        line = next(line for line in log.splitlines() if "flush once it answers" in line)
+        assert f"WARNING gateway [-]: upstream {down}: Could not connect" in line, line
+        assert gw.status()["pending_objects"] == 0
+    finally:
+        gw.stop()
 
 
 def test_a_second_gateway_on_one_data_dir_refuses(
