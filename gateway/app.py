@@ -51,8 +51,8 @@ from gateway.s3.credentials import CredentialStore
 from gateway.s3.dispatch import S3Services
 from gateway.s3.server import HttpLimits, build_s3_runner
 from gateway.shutdown import Running, shut_down
-from gateway.startup import StartupError, plan_data_dir, starting, upstream_record
-from gateway.store import datadir, origin
+from gateway.startup import StartupError, bind, open_data_dir, starting
+from gateway.store import origin
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.space import CacheSpace
@@ -130,8 +130,8 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     quiet_secret_loggers()
     # Both addresses are bound before anything is created on disk (an address in use fails
     # the start here); they listen only once everything else is ready.
-    s3_sockets = await _bind(settings.listen, stack)
-    admin_sockets = await _bind(settings.admin_listen, stack)
+    s3_sockets = await bind(settings.listen, stack)
+    admin_sockets = await bind(settings.admin_listen, stack)
     endpoint, upstream = await _start_upstream(settings, stack)
     probe = None
     if not settings.is_demo:  # answered while the data dir opens; awaited before listening
@@ -140,7 +140,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     if settings.is_demo:
         credentials = credentials if len(credentials) else {"demo": "demo-secret-key"}
     data_dir = Path(settings.data_dir)
-    footprint, found = await _open_data_dir(settings, stack)
+    footprint, found = await open_data_dir(settings, stack)
     blobs = BlobStore(data_dir, fsync=settings.fsync)
     journal = Journal(data_dir / origin.JOURNAL_NAME, fsync=settings.fsync)
     stack.callback(journal.close)
@@ -195,9 +195,11 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
     if probe is not None:
         _warn_unreachable(endpoint, await probe)
-    await _listen(s3_runner, settings.listen, s3_sockets, tls, stack)
     await _listen(admin_runner, settings.admin_listen, admin_sockets, None, stack)
-    footprint.keep()  # started: from here on the data dir holds acknowledged writes
+    # From the S3 listener's first connection on, the data dir may hold acknowledged writes:
+    # no failure after this point may undo what the start created.
+    footprint.keep()
+    await _listen(s3_runner, settings.listen, s3_sockets, tls, stack)
 
     # Background work only once the listeners are bound (nothing to undo if they are not).
     tasks = [
@@ -215,41 +217,6 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     return Running(
         settings, clock, journal, flusher, space, s3, admin, s3_runner, admin_runner, tasks
     )
-
-
-async def _open_data_dir(
-    settings: Settings, stack: contextlib.AsyncExitStack
-) -> tuple[datadir.Footprint, origin.Contents]:
-    """Lock the data dir, and reconcile its record of the upstream with this start's
-    (``startup.plan_data_dir``): refuse, keep, or forget the previous upstream's copies.
-    Returns the start's footprint (undone if the start fails) and what the journal held."""
-    data_dir = Path(settings.data_dir)
-    upstream = upstream_record(settings)
-    footprint = datadir.Footprint(data_dir)
-    with starting(f"data dir {data_dir}"):
-        lock = footprint.take_lock()
-    stack.callback(lock.release)
-    # Undone before the lock is released, after everything registered later (the journal).
-    stack.callback(footprint.undo)
-    with starting(f"opening the journal {data_dir / origin.JOURNAL_NAME}"):
-        found = await asyncio.to_thread(origin.inspect, data_dir, with_buckets=settings.is_demo)
-    with starting(f"data dir {data_dir}"):
-        plan = plan_data_dir(
-            found,
-            upstream,
-            has_demo_mark=datadir.has_demo_mark(data_dir),
-            adopt=settings.adopt_data_dir,
-        )
-    if plan.is_recorded:
-        with starting(f"opening the journal {data_dir / origin.JOURNAL_NAME}"):
-            forgotten = await asyncio.to_thread(
-                origin.record, data_dir, upstream, renew=plan.renews, fsync=settings.fsync
-            )
-        with contextlib.suppress(OSError):
-            datadir.retire_demo_mark(data_dir)
-        for line in plan.lines(forgotten):
-            log.warning("%s", line)
-    return footprint, found
 
 
 async def _create_demo_buckets(
@@ -307,32 +274,6 @@ async def _start_upstream(
     with starting(f"setting up the upstream client for {endpoint}"):
         await upstream.start()
     return endpoint, upstream
-
-
-async def _bind(host_port: str, stack: contextlib.AsyncExitStack) -> list[socket.socket]:
-    """Bind (not listen on) every address ``host_port`` names, as aiohttp's TCPSite would;
-    closed on ``stack``. Connections are refused until ``_listen``."""
-    ep = _split(host_port)
-    loop = asyncio.get_running_loop()
-    sockets: list[socket.socket] = []
-    stack.callback(_close_sockets, sockets)
-    with starting(f"listening on {host_port}"):
-        infos = await loop.getaddrinfo(
-            ep.host or None, ep.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:  # as asyncio does: one family per socket
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-    return sockets
-
-
-def _close_sockets(sockets: list[socket.socket]) -> None:
-    for sock in sockets:
-        sock.close()
 
 
 async def _listen(

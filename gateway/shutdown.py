@@ -18,6 +18,8 @@ Every message says what really happens to what is left: with a real upstream it 
 the next start on the same data dir with the same ``--upstream-endpoint``; with the demo,
 the next demo start flushes it into its new in-memory upstream, and what was flushed to this
 one is lost with the process.
+
+Part of the composition root: it acts on the objects ``app.py`` built, in order.
 """
 
 from __future__ import annotations

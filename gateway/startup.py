@@ -1,5 +1,5 @@
-"""Start-up: failures as one line naming the cause, and what a start does with a data dir
-written for another upstream.
+"""Start-up: failures as one line naming the cause, the checks made before anything is
+created on disk (``bind``), and what a start does with its data dir (``open_data_dir``).
 
 ``gateway serve`` either starts or exits with status 2 and one line such as
 ``gateway: cannot start: listening on 127.0.0.1:9000: address already in use``; never a
@@ -8,21 +8,26 @@ traceback. ``starting(what)`` wraps one start-up step and turns what it raises i
 
 ``plan_data_dir`` decides, before anything in the data dir changes, whether this start may
 use it: no start ever drops a write that was acknowledged and is not in its upstream.
+``open_data_dir`` locks the data dir, carries the plan out, and hands back the start's
+footprint, which undoes what a failed start created there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
 import os
+import socket
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from gateway.cli import human_bytes
 from gateway.config import Settings
-from gateway.store import origin
+from gateway.store import datadir, origin
 from gateway.store.datadir import DataDirError
 
 log = logging.getLogger("gateway")
@@ -206,3 +211,65 @@ def _refusal(found: origin.Contents, upstream: str, has_demo_mark: bool) -> str:
         f"with --upstream-endpoint {previous} and that upstream's credentials to flush "
         f"them, or {elsewhere}{adopt}"
     )
+
+
+async def open_data_dir(
+    settings: Settings, stack: contextlib.AsyncExitStack
+) -> tuple[datadir.Footprint, origin.Contents]:
+    """Lock the data dir, and reconcile its record of the upstream with this start's
+    (``startup.plan_data_dir``): refuse, keep, or forget the previous upstream's copies.
+    Returns the start's footprint (undone if the start fails) and what the journal held."""
+    data_dir = Path(settings.data_dir)
+    upstream = upstream_record(settings)
+    footprint = datadir.Footprint(data_dir)
+    with starting(f"data dir {data_dir}"):
+        lock = footprint.take_lock()
+    stack.callback(lock.release)
+    # Undone before the lock is released, after everything registered later (the journal).
+    stack.callback(footprint.undo)
+    with starting(f"opening the journal {data_dir / origin.JOURNAL_NAME}"):
+        found = await asyncio.to_thread(origin.inspect, data_dir, with_buckets=settings.is_demo)
+    with starting(f"data dir {data_dir}"):
+        plan = plan_data_dir(
+            found,
+            upstream,
+            has_demo_mark=datadir.has_demo_mark(data_dir),
+            adopt=settings.adopt_data_dir,
+        )
+    if plan.is_recorded:
+        with starting(f"opening the journal {data_dir / origin.JOURNAL_NAME}"):
+            forgotten = await asyncio.to_thread(
+                origin.record, data_dir, upstream, renew=plan.renews, fsync=settings.fsync
+            )
+        with contextlib.suppress(OSError):
+            datadir.retire_demo_mark(data_dir)
+        for line in plan.lines(forgotten):
+            log.warning("%s", line)
+    return footprint, found
+
+
+async def bind(host_port: str, stack: contextlib.AsyncExitStack) -> list[socket.socket]:
+    """Bind (not listen on) every address ``host_port`` names, as aiohttp's TCPSite would;
+    closed on ``stack``. Connections are refused until the listener starts (app.py), so an
+    address in use fails the start before anything is created on disk."""
+    host, _, port = host_port.rpartition(":")
+    loop = asyncio.get_running_loop()
+    sockets: list[socket.socket] = []
+    stack.callback(_close_sockets, sockets)
+    with starting(f"listening on {host_port}"):
+        infos = await loop.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio does: one family per socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    return sockets
+
+
+def _close_sockets(sockets: list[socket.socket]) -> None:
+    for sock in sockets:
+        sock.close()
