@@ -57,7 +57,7 @@ from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.space import CacheSpace
 from gateway.store.uploads import UploadJournal
-from gateway.upstream.client import AiobotocoreUpstream
+from gateway.upstream.client import AiobotocoreUpstream, ProbeProblem
 
 log = logging.getLogger("gateway")
 # A first request to a real upstream at start waits this long for its answer (a warning
@@ -231,14 +231,20 @@ async def _create_demo_buckets(
             log.warning("demo upstream: cannot create bucket %s: %s", name, exc)
 
 
-def _warn_unreachable(endpoint: str | None, problem: str | None) -> None:
-    if problem is not None:
-        log.warning(
-            "upstream %s: %s; writes are acknowledged and kept on disk, and flush once it "
-            "answers (gateway status shows the last error)",
-            endpoint,
-            problem,
-        )
+def _warn_unreachable(endpoint: str | None, problem: ProbeProblem | None) -> None:
+    """Say what a failed probe means for writes (the start goes on)."""
+    if problem is None:
+        return
+    then = "flush once it answers"
+    if problem.is_credentials:
+        then = "none flushes until the upstream credentials are fixed"
+    log.warning(
+        "upstream %s: %s; writes are acknowledged and kept on disk, and %s (gateway status "
+        "shows the last error)",
+        endpoint,
+        problem.reason,
+        then,
+    )
 
 
 async def _start_upstream(

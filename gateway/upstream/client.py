@@ -248,6 +248,15 @@ _CREDENTIAL_CODES = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeProblem:
+    """Why the upstream did not answer a probe: ``reason`` in a few words;
+    ``is_credentials`` when it answered but refused the gateway's credentials."""
+
+    reason: str
+    is_credentials: bool = False
+
+
 class NoUpstreamCredentials(RuntimeError):
     """The standard AWS chain found no credentials for the upstream (``start()``)."""
 
@@ -326,24 +335,26 @@ class AiobotocoreUpstream:
     async def close(self) -> None:
         await self._stack.aclose()
 
-    async def probe(self, timeout_s: float) -> str | None:
+    async def probe(self, timeout_s: float) -> ProbeProblem | None:
         """Send one ListBuckets and wait at most ``timeout_s`` for it. None when the upstream
         answered (any S3 answer: AccessDenied too, the endpoint is there and understood the
-        request), else why not, in a few words: no answer in time, the connection refused,
-        the credentials refused. Never raises (a start only warns: an outage must not stop
-        a node from acknowledging writes)."""
+        request), else why not: no answer in time, the connection refused, the credentials
+        refused. Never raises (a start only warns: an outage must not stop a node from
+        acknowledging writes)."""
         try:
             await asyncio.wait_for(self._client.list_buckets(), timeout_s)
         except TimeoutError:
-            return f"no answer within {timeout_s:g} s"
+            return ProbeProblem(f"no answer within {timeout_s:g} s")
         except ClientError as exc:
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
             if code in _CREDENTIAL_CODES:
                 detail = " ".join(str(err.get("Message", "")).split())
-                return f"it refused the gateway's credentials ({code}: {detail})"
+                return ProbeProblem(
+                    f"it refused the gateway's credentials ({code}: {detail})", True
+                )
         except (BotoCoreError, aiohttp.ClientError, OSError) as exc:
-            return " ".join(str(exc).split()) or type(exc).__name__
+            return ProbeProblem(" ".join(str(exc).split()) or type(exc).__name__)
         return None
 
     # -- writes (flush) --------------------------------------------------------------------

@@ -301,3 +301,23 @@ def test_stop_and_restart_say_what_is_left_and_what_was_recovered(
     last_run = gw.log_path.read_text().split("===== start #2")[1]
     assert "shutting down: refusing new writes; nothing is pending" in last_run
     assert "exiting: everything acknowledged is durable upstream" in last_run
+
+
+def test_upstream_refusing_the_credentials_is_a_warning(gateway_factory: Any) -> None:
+    """An upstream that answers but does not know the gateway's upstream key (here another
+    gateway, which checks SigV4 against its own client keys): the start says so, and serves."""
+    front = gateway_factory()
+    gw = GatewayProcess(front.data_dir.parent / "behind", front.endpoint)
+    gw.start()
+    try:
+        line = next(
+            line
+            for line in gw.logged("refused the gateway's credentials").splitlines()
+            if "refused the gateway's credentials" in line
+        )
+        assert line.split(" gateway [-]: ", 1)[1].startswith(
+            f"upstream {front.endpoint}: it refused the gateway's credentials (InvalidAccessKeyId: "
+        ), line
+        assert "none flushes until the upstream credentials are fixed" in line
+    finally:
+        gw.stop()
