@@ -15,6 +15,7 @@ import re
 import signal
 import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +126,11 @@ def test_a_demo_restart_keeps_and_flushes_what_was_not_flushed(
 ) -> None:
     demo.start()
     s3 = demo.client()
-    s3.put_object(Bucket="demo", Key="ckpt/step_1/rank_0.pt", Body=b"weights")
+    weights = payload(100 * KiB, seed="weights")  # over the inline threshold: a body file
+    s3.put_object(Bucket="demo", Key="ckpt/step_1/rank_0.pt", Body=weights)
     demo.drained(bucket="demo")
     assert flush_state(s3.head_object(Bucket="demo", Key="ckpt/step_1/rank_0.pt")) == "durable"
+    [flushed_body] = demo.blob_files("demo", "ckpt/step_1/rank_0.pt")
     s3.create_bucket(Bucket="other")  # passed to the demo upstream
     demo.pause_flush()
     pending = {
@@ -160,7 +163,7 @@ def test_a_demo_restart_keeps_and_flushes_what_was_not_flushed(
     demo.start()
     s3 = demo.client()
     log = demo.logged("flushing resumes", after="===== start #2")
-    assert "dropped 1 cached copies (7 B) of objects flushed to the previous demo upstream" in log
+    assert "dropped 1 cached copies (100.0 KiB) of objects flushed to the previous demo " in log
     assert f"recovered 2 pending objects ({size}) from the journal; flushing resumes into " in log
     banner = demo.logged("the next demo start", after="===== start #2")
     assert "DEMO MODE" in banner and "flushes them into its own new upstream" in banner
@@ -175,6 +178,10 @@ def test_a_demo_restart_keeps_and_flushes_what_was_not_flushed(
     assert error_status(missing.value) == 404
     listed = s3.list_objects_v2(Bucket="demo")["Contents"]
     assert [o["Key"] for o in listed] == ["ckpt/step_2/rank_0.pt"]
+    deadline = time.monotonic() + 20
+    while flushed_body.exists():  # its body file goes with the background sweep
+        assert time.monotonic() < deadline, f"{flushed_body} is still there"
+        time.sleep(0.05)
     assert demo.stop() == 0
     assert (
         "exiting: everything acknowledged was flushed to the demo upstream, which lived in "
