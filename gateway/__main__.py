@@ -69,9 +69,11 @@ def _serve(args: argparse.Namespace) -> int:
             runner.run(serve(settings))
     except (CredentialsError, AdminTokenError) as exc:
         # Read at start-up, after the flags were parsed: still a configuration error.
+        logs.flush()  # the last line is the cause, after what was logged before it
         sys.stderr.write(f"gateway: configuration error: {exc}\n")
         return 2
     except StartupError as exc:  # everything it had started is undone by now
+        logs.flush()
         sys.stderr.write(f"gateway: cannot start: {exc}\n")
         return 2
     return 0
