@@ -1,9 +1,11 @@
 """Composition root: builds every object, runs both listeners, shuts down in order.
 
-Shutdown order (SIGTERM/SIGINT): readiness fails and new writes get 503 SlowDown at once;
-the S3 listener stops and in-flight requests finish; flushing goes on until everything is
-durable or ``shutdown_drain_timeout_s`` passes; then the flusher stops (unfinished uploads
-stay pending on disk), the admin listener closes, and the journal is closed last.
+Start-up checks what it can before anything is written to disk or a write is accepted: the
+TLS files, both listen addresses (bound first, listening last), the upstream credentials;
+then the data dir (its lock, and the upstream its rows were acknowledged for:
+``startup.plan_data_dir``), and a first request to the upstream (a warning when it does not
+answer, never a refusal). A start that fails undoes what it created, the data dir included.
+Shutdown is in ``shutdown.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -48,7 +51,6 @@ from gateway.fleet.client import PeerClient
 from gateway.fleet.membership import parse_peers
 from gateway.fleet.node import Fleet, FleetConfig
 from gateway.fleet.wire import NodeInfo
-from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
@@ -57,16 +59,20 @@ from gateway.flush.policy import PolicyConfig
 from gateway.s3.credentials import CredentialStore
 from gateway.s3.dispatch import S3Services
 from gateway.s3.server import HttpLimits, build_s3_runner
-from gateway.startup import StartupError, starting
-from gateway.store import datadir
+from gateway.shutdown import Running, shut_down
+from gateway.startup import StartupError, bind, open_data_dir, starting
+from gateway.store import origin
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.members import MemberTable
 from gateway.store.space import CacheSpace
 from gateway.store.uploads import UploadJournal
-from gateway.upstream.client import AiobotocoreUpstream
+from gateway.upstream.client import AiobotocoreUpstream, ProbeProblem
 
 log = logging.getLogger("gateway")
+# A first request to a real upstream at start waits this long for its answer (a warning
+# without one: the start goes on).
+_PROBE_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,44 +87,42 @@ def _split(host_port: str) -> Endpoint:
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Run the gateway until ``stop`` is set or SIGTERM/SIGINT arrives.
+    """Run the gateway until ``stop`` is set or SIGTERM/SIGINT arrives; a second signal
+    during the shutdown stops it at once (``shutdown.py``).
 
     Raises ``StartupError`` (one line naming the cause) when it cannot start; whatever was
-    started by then (lock, threads, listeners, tasks) is undone first."""
+    started by then (lock, threads, listeners, tasks, files in the data dir) is undone first."""
     stop = stop or asyncio.Event()
+    aborted = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            stop.set()
+        elif not aborted.is_set():
+            aborted.set()
+            log.warning(
+                "%s during the shutdown: stopping at once, without waiting for the drain; "
+                "what is not flushed stays on disk, safe, for the next start",
+                sig.name,
+            )
+
     signals = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
             signals.append(sig)
     try:
         async with contextlib.AsyncExitStack() as stack:
             running = await _start(settings, stack)
             await stop.wait()
-            await _shutdown(running)
+            await shut_down(running, aborted)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
 
 
-@dataclass(slots=True)
-class _Running:
-    """What a started gateway holds that its shutdown acts on, in order."""
-
-    settings: Settings
-    clock: SystemClock
-    journal: Journal
-    flusher: Flusher
-    space: CacheSpace
-    s3: S3Services
-    admin: AdminServices
-    s3_runner: web.AppRunner
-    tasks: list[asyncio.Task[None]]  # flusher, evictor, sweep
-    fleet: Fleet | None = None
-
-
-async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Running:
+async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Running:
     """Build and start everything; each step registers its undoing on ``stack`` first, so
     a failure at any step leaves nothing behind. Failures become ``StartupError``."""
     clock = SystemClock()
@@ -134,17 +138,21 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
         _split(settings.admin_listen).host, settings.admin_token, settings.admin_token_file
     )
     quiet_secret_loggers()
-    data_dir = Path(settings.data_dir)
-    with starting(f"data dir {data_dir}"):
-        lock = datadir.lock(data_dir)
-        stack.callback(lock.release)
-        if settings.is_demo:
-            datadir.reset_for_demo(data_dir)
+    # Both addresses are bound before anything is created on disk (an address in use fails
+    # the start here); they listen only once everything else is ready.
+    s3_sockets = await bind(settings.listen, stack)
+    admin_sockets = await bind(settings.admin_listen, stack)
     endpoint, upstream = await _start_upstream(settings, stack)
+    probe = None
+    if not settings.is_demo:  # answered while the data dir opens; awaited before listening
+        probe = asyncio.create_task(upstream.probe(_PROBE_TIMEOUT_S), name="upstream probe")
+        stack.push_async_callback(_cancel, probe)
     if settings.is_demo:
         credentials = credentials if len(credentials) else {"demo": "demo-secret-key"}
+    data_dir = Path(settings.data_dir)
+    footprint, found = await open_data_dir(settings, stack)
     blobs = BlobStore(data_dir, fsync=settings.fsync)
-    journal = Journal(data_dir / "journal.db", fsync=settings.fsync)
+    journal = Journal(data_dir / origin.JOURNAL_NAME, fsync=settings.fsync)
     stack.callback(journal.close)
     stack.callback(blobs.close)
     with starting(f"opening the data dir {data_dir}"):
@@ -164,10 +172,9 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
     blobs.on_disk_full = space.on_disk_full
     with starting(f"reading the journal {journal.path}"):
         await space.refresh()
-        await _log_recovered(journal)
+        await _log_recovered(journal, settings)
     if settings.is_demo:
-        with contextlib.suppress(S3Error):
-            await upstream.create_bucket(settings.demo_bucket, None)
+        await _create_demo_buckets(upstream, settings.demo_bucket, found.buckets)
 
     fleet, peer_secret = await _fleet(settings, clock, journal, upstream, stack)
     flusher = _flusher(settings, clock, journal, blobs, upstream, fleet)
@@ -207,15 +214,21 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
     admin_reads.install(admin_app, prefetcher, checkpoints)
     admin_fleet.install(admin_app, fleet, flusher)
     admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
-    await _listen(s3_runner, settings.listen, tls, stack)
-    await _listen(admin_runner, settings.admin_listen, None, stack)
+    if probe is not None:
+        _warn_unreachable(endpoint, await probe)
+    await _listen(admin_runner, settings.admin_listen, admin_sockets, None, stack)
+    # From the S3 listener's first connection on, the data dir may hold acknowledged writes:
+    # no failure after this point may undo what the start created.
+    footprint.keep()
+    await _listen(s3_runner, settings.listen, s3_sockets, tls, stack)
 
     # Background work only once the listeners are bound (nothing to undo if they are not).
     tasks = [
         asyncio.create_task(flusher.run(), name="flusher"),
         asyncio.create_task(space.run(), name="evictor"),
-        # Crash leftovers are removed in the background: listing every blob before listening
-        # would delay readiness on a large cache, and files made since the mark are spared.
+        # Crash leftovers (and the bodies of cached copies dropped at this start) are
+        # removed in the background: listing every blob before listening would delay
+        # readiness on a large cache, and files made since the mark are spared.
         asyncio.create_task(_sweep(blobs, referenced, sweep_before_ns), name="sweep"),
     ]
     for task in tasks:
@@ -225,13 +238,44 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
             await fleet.start()  # first leases before the first read
     admin.is_ready = True
     _announce(settings, endpoint, credentials)
-    return _Running(settings, clock, journal, flusher, space, s3, admin, s3_runner, tasks, fleet)
+    return Running(
+        settings, clock, journal, flusher, space, s3, admin, s3_runner, admin_runner, tasks, fleet
+    )
+
+
+async def _create_demo_buckets(
+    upstream: AiobotocoreUpstream, demo_bucket: str, buckets: tuple[str, ...]
+) -> None:
+    """The new demo upstream is empty: create its bucket, and every bucket that has writes
+    left to flush from an earlier demo run (they are flushed there)."""
+    for name in sorted({demo_bucket, *buckets}):
+        try:
+            await upstream.create_bucket(name, None)
+        except S3Error as exc:
+            log.warning("demo upstream: cannot create bucket %s: %s", name, exc)
+
+
+def _warn_unreachable(endpoint: str | None, problem: ProbeProblem | None) -> None:
+    """Say what a failed probe means for writes (the start goes on)."""
+    if problem is None:
+        return
+    then = "flush once it answers"
+    if problem.is_credentials:
+        then = "none flushes until the upstream credentials are fixed"
+    log.warning(
+        "upstream %s: %s; writes are acknowledged and kept on disk, and %s (gateway status "
+        "shows the last error)",
+        endpoint,
+        problem.reason,
+        then,
+    )
 
 
 async def _start_upstream(
     settings: Settings, stack: contextlib.AsyncExitStack
 ) -> tuple[str | None, AiobotocoreUpstream]:
-    """The upstream client (and the embedded demo upstream without an endpoint)."""
+    """The upstream client (and the embedded demo upstream without an endpoint). Without
+    upstream credentials in the AWS chain a real upstream's start fails here."""
     endpoint = settings.upstream_endpoint
     keys: tuple[str | None, str | None] = (None, None)
     if settings.is_demo:
@@ -265,15 +309,16 @@ async def _start_upstream(
 async def _listen(
     runner: web.AppRunner,
     host_port: str,
+    sockets: list[socket.socket],
     tls: ssl.SSLContext | None,
     stack: contextlib.AsyncExitStack,
 ) -> None:
-    """Set up ``runner`` and bind its listener (undone on ``stack``)."""
+    """Set up ``runner`` and listen on its bound ``sockets`` (undone on ``stack``)."""
     await runner.setup()
     stack.push_async_callback(_cleanup, runner)
-    ep = _split(host_port)
     with starting(f"listening on {host_port}"):
-        await web.TCPSite(runner, ep.host, ep.port, ssl_context=tls, reuse_address=True).start()
+        for sock in sockets:
+            await web.SockSite(runner, sock, ssl_context=tls).start()
 
 
 async def _cleanup(runner: web.AppRunner) -> None:
@@ -281,7 +326,7 @@ async def _cleanup(runner: web.AppRunner) -> None:
         await runner.cleanup()
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
+async def _cancel(task: asyncio.Task[Any]) -> None:
     """Cancel and reap ``task`` (a no-op once it finished, as after a shutdown)."""
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -462,66 +507,17 @@ async def _peer_secret(settings: Settings, upstream: AiobotocoreUpstream) -> byt
     return peer_auth.derive_secret(upstream_secret)
 
 
-async def _shutdown(gw: _Running) -> None:
-    """SIGTERM/SIGINT: readiness fails, new writes get 503 SlowDown, flushing goes on until
-    everything that can move is durable or the deadline passes, then everything stops."""
-    settings, journal, flusher = gw.settings, gw.journal, gw.flusher
-    deadline_s = settings.shutdown_drain_timeout_s
-    objects, size = await journal.unflushed(None, "", journal.last_seq)
-    if flusher.is_paused:
-        log.info("shutting down: refusing new writes; the flusher is paused, so nothing is drained")
-    elif objects:
-        log.info(
-            "shutting down: refusing new writes, draining %d objects (%s) for up to %.0fs",
-            objects,
-            human_bytes(size),
-            deadline_s,
-        )
-    else:
-        log.info("shutting down: refusing new writes; nothing is pending")
-    gw.admin.is_ready = False
-    # The S3 listener stays up while draining: reads keep working and new writes get
-    # 503 SlowDown (retryable: a client retries against the next gateway or after restart)
-    # rather than a refused connection.
-    gw.s3.is_accepting_writes = False
-    started = gw.clock.monotonic()
-    if not flusher.is_paused:
-        # Failed objects, and markers held behind them, wait for an operator, not for time.
-        await stuck.wait_movable(
-            journal, flusher.policy, None, "", journal.last_seq, deadline_s, fleet=flusher.order
-        )
-    left_s = deadline_s - (gw.clock.monotonic() - started)
-    await flusher.stop(max(0.0, left_s))
-    await gw.tasks[0]
-    await gw.s3_runner.cleanup()  # waits for requests in flight (writes admitted before)
-    gw.space.stop()
-    await asyncio.gather(*gw.tasks[1:])
-    left = await stuck.unflushed(journal, flusher.policy, None, "", journal.last_seq, flusher.order)
-    if gw.fleet is not None:
-        # With nothing left here, the fleet stops waiting on this node (it said goodbye).
-        await gw.fleet.stop(say_bye=left.objects == 0)
-    if left.objects:
-        log.warning(
-            "exiting with %d objects (%s) not yet flushed%s; they are safe on disk and "
-            "resume at the next start",
-            left.objects,
-            human_bytes(left.bytes),
-            f", {left.failed} of them failed" if left.failed else "",
-        )
-    else:
-        log.info("exiting: everything acknowledged is durable upstream")
-
-
-async def _log_recovered(journal: Journal) -> None:
+async def _log_recovered(journal: Journal, settings: Settings) -> None:
     """Say at start what an earlier run left to flush (and what failed)."""
     backlog = (await journal.stats()).backlog
     if backlog.pending_objects:
         failed = f", {backlog.failed_objects} of them failed" if backlog.failed_objects else ""
         log.info(
-            "recovered %d pending objects (%s) from the journal%s; flushing resumes",
+            "recovered %d pending objects (%s) from the journal%s; flushing resumes%s",
             backlog.pending_objects,
             human_bytes(backlog.pending_bytes),
             failed,
+            " into the new demo upstream" if settings.is_demo else "",
         )
 
 
@@ -568,7 +564,11 @@ async def _sweep(blobs: BlobStore, referenced: set[str], before_ns: int) -> None
         log.warning("sweep of unreferenced blob files failed: %s", exc)
         return
     if swept:
-        log.info("removed %d unreferenced blob files left by an earlier crash", swept)
+        log.info(
+            "removed %d blob files no journal row refers to (left by a crash, or the "
+            "bodies of cached copies dropped at this start)",
+            swept,
+        )
 
 
 def _filesystem_bytes(path: Path) -> int:
@@ -591,8 +591,9 @@ def _announce(settings: Settings, upstream: str | None, credentials: Mapping[str
             "=" * 72,
             "DEMO MODE: no --upstream-endpoint given, so the upstream is an embedded,",
             f"in-memory S3 server at {upstream} (bucket '{settings.demo_bucket}').",
-            "Everything flushed there is LOST when the gateway exits, so the demo data",
-            f"dir ({settings.data_dir}) was emptied at this start: it starts empty too.",
+            "What is flushed there is LOST when the gateway exits. Writes not flushed",
+            f"yet stay in the data dir ({settings.data_dir}): the next demo start",
+            "flushes them into its own new upstream (and forgets what was flushed).",
             f"  endpoint_url      = {s3}",
             f"  access key id     = {key}",
             f"  secret access key = {secret}",

@@ -1,9 +1,11 @@
-"""Operator commands that talk to a running gateway's admin API: ``status`` and ``drain``.
+"""``gateway drain``, and the admin client and formatting every admin command shares
+(``status``, ``pause``, ``resume`` and ``retry`` are in cli_status.py, ``checkpoints`` in
+cli_checkpoints.py, the restart commands in cli_restore.py).
 
 Only the standard library is used (urllib), so these commands work in a minimal image and
 from a Kubernetes preStop hook. Exit codes (scripts and the Helm chart rely on them):
 
-- 0: ``status`` printed; ``drain`` found everything drained.
+- 0: ``drain`` found everything drained.
 - 1: the admin API could not be reached (or answered an HTTP error).
 - 3: ``drain`` gave up: something was still pending when ``--timeout`` passed
   (or, without ``--wait``, at the moment of the call), or nothing but failed objects was
@@ -37,20 +39,27 @@ class AdminError(RuntimeError):
     """The admin API could not be reached or answered an HTTP error."""
 
 
+def admin_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--admin``, ``--admin-token``, ``--admin-token-file`` (every admin command has them)."""
+    parser.add_argument(
+        "--admin", default=None, help=f"admin URL [env GATEWAY_ADMIN, default {DEFAULT_ADMIN}]"
+    )
+    parser.add_argument(
+        "--admin-token",
+        default=None,
+        help="bearer token for the admin API [env GATEWAY_ADMIN_TOKEN]",
+    )
+    parser.add_argument(
+        "--admin-token-file",
+        default=None,
+        help="file holding that token [env GATEWAY_ADMIN_TOKEN_FILE]",
+    )
+
+
 def add_arguments(sub: Any) -> None:
-    """Register ``status`` and ``drain`` on an argparse sub-parsers object."""
-    admin_help = f"admin URL [env GATEWAY_ADMIN, default {DEFAULT_ADMIN}]"
-    token_help = "bearer token for the admin API [env GATEWAY_ADMIN_TOKEN]"
-    file_help = "file holding that token [env GATEWAY_ADMIN_TOKEN_FILE]"
-    status = sub.add_parser("status", help="print the drain status as a table")
-    status.add_argument("--admin", default=None, help=admin_help)
-    status.add_argument("--admin-token", default=None, help=token_help)
-    status.add_argument("--admin-token-file", default=None, help=file_help)
-    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    """Register ``drain`` on an argparse sub-parsers object."""
     drain = sub.add_parser("drain", help="wait until acknowledged writes are durable upstream")
-    drain.add_argument("--admin", default=None, help=admin_help)
-    drain.add_argument("--admin-token", default=None, help=token_help)
-    drain.add_argument("--admin-token-file", default=None, help=file_help)
+    admin_arguments(drain)
     drain.add_argument("--bucket", default=None)
     drain.add_argument("--prefix", default="")
     drain.add_argument("--wait", action="store_true", help="block until drained or timeout")
@@ -104,6 +113,25 @@ class AdminClient:
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise AdminError(f"{url.split('?')[0]}: {exc}") from exc
 
+    def request(
+        self, method: str, path: str, query: dict[str, str] | None = None, timeout_s: float = 60
+    ) -> tuple[int, dict[str, Any]]:
+        """One request: (HTTP status, JSON body), error statuses included. Raises
+        AdminError when nothing (or no JSON) came back."""
+        url = self.base_url + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        data = b"" if method == "POST" else None
+        request = urllib.request.Request(url, method=method, data=data)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            try:
+                with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                    return resp.status, json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read() or b"{}")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise AdminError(f"{url.split('?')[0]}: {exc}") from exc
+
     def status(self) -> dict[str, Any]:
         data: dict[str, Any] = self.get("/admin/v1/status")
         return data
@@ -143,92 +171,17 @@ def human_duration(seconds: float | None) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """Left-aligned first columns, right-aligned numbers (the last columns)."""
+def table(header: list[str], rows: list[list[str]], left: int = 2) -> list[str]:
+    """Lines of a table: the first ``left`` columns left-aligned, the others (numbers)
+    right-aligned; the last column, when left-aligned too, is not padded."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        out = [cells[0].ljust(widths[0]), cells[1].ljust(widths[1])]
-        out += [c.rjust(w) for c, w in zip(cells[2:], widths[2:], strict=True)]
+        out = [c.ljust(w) for c, w in zip(cells[:left], widths[:left], strict=True)]
+        out += [c.rjust(w) for c, w in zip(cells[left:], widths[left:], strict=True)]
         return "  ".join(out).rstrip()
 
     return [line(header), *(line(r) for r in rows)]
-
-
-def flush_rate(samples: list[dict[str, Any]], span_s: float = 60.0) -> float | None:
-    """Bytes/s flushed over the last ``span_s`` of ``/admin/v1/history`` samples (oldest
-    first); None with fewer than two samples in the span."""
-    if len(samples) < 2:
-        return None
-    last = samples[-1]
-    first = next((s for s in samples if last["t"] - s["t"] <= span_s), last)
-    elapsed = float(last["t"]) - float(first["t"])
-    if elapsed <= 0:
-        return None
-    return max(0.0, (int(last["flushed_bytes"]) - int(first["flushed_bytes"])) / elapsed)
-
-
-def format_status(data: dict[str, Any], rate_bytes_per_s: float | None = None) -> str:
-    """The ``gateway status`` table: totals (with the flush rate and the ETA the gateway
-    measures; ``rate_bytes_per_s``, the last minute's, only for a gateway too old to say),
-    then one row per lane."""
-    capacity = data.get("cache_capacity_bytes") or 0
-    used = data.get("cache_used_bytes") or 0
-    share = f" ({100 * used / capacity:.0f}%)" if capacity else ""
-    rows = [
-        ("flush state", str(data["flush_state"])),
-        ("pending", f"{data['pending_objects']} objects, {human_bytes(data['pending_bytes'])}"),
-        ("flushing", f"{data.get('flushing_objects', 0)} objects"),
-        ("flushed", f"{data['flushed_objects']} objects, {human_bytes(data['flushed_bytes'])}"),
-        ("flush rate", _rate_text(data, rate_bytes_per_s)),
-        ("failed", f"{data['failed_objects']} objects"),
-        ("oldest pending", human_duration(data["oldest_pending_seconds"])),
-        ("cache", f"{human_bytes(used)} of {human_bytes(capacity)}{share}"),
-        ("503 throttles", str(data.get("throttled", 0))),
-    ]
-    if data.get("last_error"):
-        rows.append(("last error", str(data["last_error"])))
-    out = [f"{name:<16}{value}" for name, value in rows]
-    lanes = data.get("lanes") or []
-    if lanes:
-        header = ["bucket", "prefix", "objects", "bytes", "in flight", "rate/s", "503s"]
-        cells = [
-            [
-                str(lane["bucket"]),
-                str(lane["prefix"] or "/"),
-                str(lane["pending_objects"]),
-                human_bytes(lane["pending_bytes"]),
-                str(lane.get("in_flight", 0)),
-                f"{lane.get('rate_limit_per_s', 0):g}",
-                str(lane.get("throttled_503", 0)),
-            ]
-            for lane in lanes
-        ]
-        out += ["", *_table(header, cells)]
-    else:
-        out += ["", "no lane has anything pending"]
-    return "\n".join(out) + "\n"
-
-
-def _rate_text(data: dict[str, Any], minute_rate: float | None) -> str:
-    """``1.2 MiB/s, ETA 4.0s``: the rate of the current drain and the gateway's ETA; no ETA
-    while the flusher is paused or when only failed objects are left."""
-    if "flush_rate_bytes_per_s" in data:
-        rate, eta = data["flush_rate_bytes_per_s"], data.get("eta_seconds")
-        text = "-" if rate is None else f"{human_bytes(rate)}/s"
-    else:  # an older gateway: the last minute's average from its history
-        if minute_rate is None:
-            return "-"
-        text = f"{human_bytes(minute_rate)}/s over the last minute"
-        eta = data["pending_bytes"] / minute_rate if minute_rate > 0 else None
-    pending, failed = int(data["pending_objects"]), int(data.get("failed_objects") or 0)
-    if data.get("flush_state") == "paused":
-        return text + " (flusher paused: no ETA)"
-    if pending and pending <= failed:
-        return text + " (only failed objects are left: no ETA)"
-    if data["pending_bytes"] and eta is not None:
-        text += f", ETA {human_duration(eta)}"
-    return text
 
 
 # --------------------------------------------------------------------------- drain progress
@@ -238,30 +191,40 @@ def _rate_text(data: dict[str, Any], minute_rate: float | None) -> str:
 class DrainProgress:
     """Bytes left, flush rate and ETA of one drain, from successive polls.
 
-    The rate is an exponentially weighted average of how fast the pending bytes fell
-    between polls (new writes arriving meanwhile make it look slower, which is the truth
-    that matters for an ETA).
+    Bytes left are the fence's unflushed bytes less what is already sent of its uploads in
+    flight (a large object moves the bar while it goes). The rate is an exponentially
+    weighted average of how fast they fell between polls (new writes arriving meanwhile
+    make it look slower, which is the truth that matters for an ETA); it is 0 once nothing
+    moved for ``IDLE_S``, and there is no ETA while the gateway says why there is none
+    (``no_eta``: paused, waiting for the upstream).
     """
 
+    IDLE_S = 10.0
     started_s: float
     first_bytes: int | None = None
     last_bytes: int | None = None
     last_s: float | None = None
+    moved_s: float | None = None
     rate_bytes_per_s: float | None = None
+    no_eta: bool = False
 
-    def update(self, now_s: float, pending_bytes: int) -> None:
+    def update(self, now_s: float, left_bytes: int) -> None:
         if self.first_bytes is None:
-            self.first_bytes = pending_bytes
+            self.first_bytes, self.moved_s = left_bytes, now_s
         if self.last_bytes is not None and self.last_s is not None and now_s > self.last_s:
-            sample = max(0.0, (self.last_bytes - pending_bytes) / (now_s - self.last_s))
+            sample = max(0.0, (self.last_bytes - left_bytes) / (now_s - self.last_s))
             prev = self.rate_bytes_per_s
             self.rate_bytes_per_s = sample if prev is None else 0.7 * prev + 0.3 * sample
-        self.last_bytes, self.last_s = pending_bytes, now_s
+            if sample > 0:
+                self.moved_s = now_s
+            elif self.moved_s is not None and now_s - self.moved_s >= self.IDLE_S:
+                self.rate_bytes_per_s = 0.0  # nothing moved lately: not a dwindling average
+        self.last_bytes, self.last_s = left_bytes, now_s
 
     def eta_s(self) -> float | None:
         if not self.last_bytes:
             return 0.0 if self.last_bytes == 0 else None
-        if not self.rate_bytes_per_s:
+        if not self.rate_bytes_per_s or self.no_eta:
             return None
         return self.last_bytes / self.rate_bytes_per_s
 
@@ -305,25 +268,6 @@ class ProgressSink:
 # --------------------------------------------------------------------------- commands
 
 
-def run_status(args: argparse.Namespace) -> int:
-    """``gateway status``: the table (or ``--json``); 1 when the admin API is unreachable."""
-    try:
-        admin = AdminClient.from_args(args)
-        data = admin.status()
-    except AdminError as exc:
-        sys.stderr.write(f"gateway status: cannot reach the admin API: {exc}\n")
-        return EXIT_UNREACHABLE
-    if args.json:
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-        return EXIT_OK
-    try:
-        rate = flush_rate(admin.get("/admin/v1/history")["samples"])
-    except (AdminError, KeyError, TypeError):
-        rate = None  # an older gateway without the history endpoint: no rate row value
-    sys.stdout.write(format_status(data, rate))
-    return EXIT_OK
-
-
 def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monotonic) -> int:
     """``gateway drain``: 0 drained, 3 still pending at the deadline, 1 unreachable.
 
@@ -343,8 +287,9 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
     try:
         data = admin.drain(args.bucket, args.prefix, 0.0)
         while args.wait and not data["drained"] and not _only_failed(data):
-            progress.update(clock(), data["pending_bytes"])
-            sink.show(progress.line(data["pending_objects"], _note(admin, data)))
+            progress.update(clock(), _left_bytes(data))
+            note, progress.no_eta = _note(admin, data)
+            sink.show(progress.line(data["pending_objects"], note))
             left_s = deadline_s - clock()
             if left_s <= 0:
                 break
@@ -352,7 +297,7 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
     except AdminError as exc:
         sys.stderr.write(f"gateway drain: cannot reach the admin API: {exc}\n")
         return EXIT_UNREACHABLE
-    progress.update(clock(), data["pending_bytes"])
+    progress.update(clock(), _left_bytes(data))
     if args.wait:
         verdict = "drained" if data["drained"] else "timed out"
         if _only_failed(data):
@@ -364,7 +309,8 @@ def run_drain(args: argparse.Namespace, clock: Callable[[], float] = time.monoto
         sys.stderr.write(
             f"gateway drain: {data['failed_objects']} of the pending objects failed "
             f"permanently{behind} and wait for an operator: `gateway status` shows the last "
-            f"error; fix its cause, then POST {admin.base_url}/admin/v1/flush/retry\n"
+            f"error; fix its cause, then run `gateway retry` "
+            f"(POST {admin.base_url}/admin/v1/flush/retry)\n"
         )
     sys.stdout.write(json.dumps(data) + "\n")
     return EXIT_OK if data["drained"] else EXIT_NOT_DRAINED
@@ -377,14 +323,26 @@ def _only_failed(drain: dict[str, Any]) -> bool:
     return not drain["drained"] and stuck >= int(drain["pending_objects"])
 
 
-def _note(admin: AdminClient, drain: dict[str, Any]) -> str:
-    """Why a drain may not progress: the flusher paused, or some of its objects failed."""
+def _left_bytes(drain: dict[str, Any]) -> int:
+    """The fence's bytes not sent yet (a gateway too old to say counts none as sent)."""
+    return max(0, int(drain["pending_bytes"]) - int(drain.get("in_flight_sent_bytes") or 0))
+
+
+def _note(admin: AdminClient, drain: dict[str, Any]) -> tuple[str, bool]:
+    """Why a drain may not progress (the flusher paused, the upstream accepting nothing,
+    some of its objects failed), and whether the gateway says there can be no ETA."""
     notes = []
+    no_eta = False
     try:
-        if admin.status().get("flush_state") == "paused":
-            notes.append("flusher paused")
+        status = admin.status()
     except AdminError:
-        pass
+        status = {}
+    if status.get("flush_state") == "paused":
+        notes.append("flusher paused")
+        no_eta = True
+    elif str(status.get("eta_note") or "").startswith("waiting for the upstream"):
+        notes.append(str(status["eta_note"]))
+        no_eta = True
     if drain.get("failed_objects"):
         notes.append(f"{drain['failed_objects']} failed")
-    return ", ".join(notes)
+    return ", ".join(notes), no_eta

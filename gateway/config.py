@@ -177,6 +177,9 @@ class Settings:
     tls_key: Path | None = None
     # Bucket created in the embedded demo upstream.
     demo_bucket: str = "demo"
+    # Flush the writes a data dir holds for another (or an unrecorded) upstream to this
+    # --upstream-endpoint. Off: such a data dir is refused (never the demo's writes).
+    adopt_data_dir: bool = False
     log_level: str = "info"
     # --- Hostile input, admin auth and client credentials (tests/faults) ---
     # Whole request header section (names + values); over it: RequestHeaderSectionTooLarge.
@@ -277,6 +280,7 @@ GROUPS: tuple[tuple[str, dict[str, Option]], ...] = (
                 _choice("auto", "path", "virtual"), "STYLE", "auto|path|virtual"
             ),
             "demo_bucket": Option(str, "NAME", "bucket of the demo upstream"),
+            "adopt_data_dir": Option(_bool, _BOOL, "flush another upstream's writes"),
         },
     ),
     (

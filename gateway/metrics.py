@@ -74,30 +74,75 @@ UPSTREAM_REQUESTS = Counter(
 )
 LANE_RATE = Gauge(
     "gateway_lane_rate_limit_per_second",
-    "Current adaptive request-rate limit of each prefix lane",
+    "Request rate each prefix lane may send now (its bucket's adaptive budget, or its own "
+    "when isolated; capped by --lane-rate): a limit, not what it sends",
+    ["bucket", "lane"],
+    registry=REGISTRY,
+)
+LANE_ACCEPTED = Gauge(
+    "gateway_lane_accepted_per_second",
+    "Requests of each prefix lane the upstream accepted per second over the last 10 s "
+    "(measured; 0 when idle or paused)",
     ["bucket", "lane"],
     registry=REGISTRY,
 )
 LANE_PENDING_OBJECTS = Gauge(
     "gateway_lane_pending_objects",
-    "Unflushed objects per prefix lane",
+    "Objects of each prefix lane that will flush on their own (failed and held apart)",
     ["bucket", "lane"],
     registry=REGISTRY,
 )
 LANE_PENDING_BYTES = Gauge(
     "gateway_lane_pending_bytes",
-    "Unflushed bytes per prefix lane",
+    "Bytes of each prefix lane that will flush on their own (failed and held apart)",
     ["bucket", "lane"],
     registry=REGISTRY,
 )
 PENDING_OBJECTS = Gauge(
-    "gateway_pending_objects", "Acknowledged objects not yet durable upstream", registry=REGISTRY
+    "gateway_pending_objects",
+    "Acknowledged objects not durable upstream yet that will flush on their own (queued, "
+    "backing off or flushing); failed and held objects are counted apart",
+    registry=REGISTRY,
 )
 PENDING_BYTES = Gauge(
-    "gateway_pending_bytes", "Acknowledged bytes not yet durable upstream", registry=REGISTRY
+    "gateway_pending_bytes",
+    "Bytes of gateway_pending_objects (failed and held apart)",
+    registry=REGISTRY,
 )
 FAILED_OBJECTS = Gauge(
-    "gateway_failed_objects", "Objects whose flush failed permanently", registry=REGISTRY
+    "gateway_failed_objects",
+    "Objects whose flush failed permanently: they wait for `gateway retry`",
+    registry=REGISTRY,
+)
+FAILED_BYTES = Gauge("gateway_failed_bytes", "Bytes of gateway_failed_objects", registry=REGISTRY)
+HELD_OBJECTS = Gauge(
+    "gateway_held_objects",
+    "Commit markers held back behind a failed object (they flush after `gateway retry`)",
+    registry=REGISTRY,
+)
+UNFLUSHED_OBJECTS = Gauge(
+    "gateway_unflushed_objects",
+    "Acknowledged objects not durable upstream yet: pending + failed + held",
+    registry=REGISTRY,
+)
+UNFLUSHED_BYTES = Gauge(
+    "gateway_unflushed_bytes",
+    "Acknowledged bytes not durable upstream yet: pending + failed + held",
+    registry=REGISTRY,
+)
+IN_FLIGHT_SENT_BYTES = Gauge(
+    "gateway_flush_in_flight_sent_bytes",
+    "Bytes already sent of the uploads in flight (part of gateway_pending_bytes)",
+    registry=REGISTRY,
+)
+FLUSH_RATE = Gauge(
+    "gateway_flush_rate_bytes_per_second",
+    "Bytes flushed per second over the last 10 s, bytes sent of uploads in flight included "
+    "(measured; 0 when idle)",
+    registry=REGISTRY,
+)
+FLUSH_PAUSED = Gauge(
+    "gateway_flush_paused", "1 while the flusher is paused (`gateway resume`)", registry=REGISTRY
 )
 RECOVERY_POINT_S = Gauge(
     "gateway_oldest_unflushed_seconds",

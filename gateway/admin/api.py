@@ -12,6 +12,7 @@ from prometheus_client.exposition import choose_encoder
 from gateway import metrics as gm
 from gateway.admin import page
 from gateway.admin.auth import bearer_auth
+from gateway.admin.status import status_document
 from gateway.clock import Clock
 from gateway.flush import stuck
 from gateway.flush.flusher import Flusher
@@ -52,79 +53,16 @@ async def readyz(request: web.Request) -> web.Response:
     return _json({"ready": ready}, status=200 if ready else 503)
 
 
-def lane_figures(svc: AdminServices) -> list[dict[str, Any]]:
-    """Per prefix lane: unflushed objects and bytes (kept in memory by the flush order)
-    with the lane's flow control (the rate it may send at: its bucket's shared budget, or
-    its own when S3 throttles its prefix on its own; uploads in flight, 503s, Retry-After
-    pause). Lanes with nothing pending, in flight or throttled are left out. O(lanes)."""
-    flusher = svc.flusher
-    pending = flusher.lane_backlog()
-    control = {(s.bucket, s.prefix): s for s in flusher.lane_status()}
-    budgets = {b.bucket: b.rate_per_s for b in flusher.budget_status()}
-    ceiling = flusher.lanes.config.rate_per_s
-    out = []
-    for ident in sorted(set(pending) | set(control)):
-        n, size = pending.get(ident, (0, 0))
-        lane = control.get(ident)
-        if n == 0 and (lane is None or (lane.in_flight == 0 and lane.throttles == 0)):
-            continue
-        out.append(
-            {
-                "bucket": ident[0],
-                "prefix": ident[1],
-                "pending_objects": n,
-                "pending_bytes": size,
-                "in_flight": lane.in_flight if lane else 0,
-                "rate_limit_per_s": lane.rate_limit_per_s if lane else ceiling,
-                "throttled_503": lane.throttles if lane else 0,
-                "paused_until_s": lane.paused_until_s if lane else None,
-                "isolated": lane.is_isolated if lane else False,
-                "bucket_rate_per_s": budgets.get(ident[0]),
-            }
-        )
-    return out
-
-
 async def status(request: web.Request) -> web.Response:
+    return _json(await node_status(request))
+
+
+async def node_status(request: web.Request) -> dict[str, Any]:
+    """The status document (admin/status.py) with the extras (e.g. ``prefetch``)."""
     svc = request.app[ADMIN]
-    stats = await svc.journal.stats()
-    lanes = lane_figures(svc)
-    flusher = svc.flusher.status()
-    backlog = stats.backlog
-    oldest = (
-        None
-        if backlog.oldest_acked_s is None
-        else max(0.0, svc.clock.wall() - backlog.oldest_acked_s)
-    )
-    now = page.sample_of(stats, svc.clock.wall(), svc.flusher.is_paused)
-    rate = page.drain_rate([*request.app[page.HISTORY].history.samples, now])
-    return _json(
-        {
-            "pending_objects": backlog.pending_objects,
-            "pending_bytes": backlog.pending_bytes,
-            "flushing_objects": backlog.flushing_objects,
-            "flushed_objects": stats.flushed_objects,
-            "flushed_bytes": stats.flushed_bytes,
-            "failed_objects": backlog.failed_objects,
-            "oldest_pending_seconds": oldest,
-            "flush_state": "paused" if svc.flusher.is_paused else "running",
-            # Flushed lately (this backlog, since the last pause, at most a minute), and
-            # the ETA it gives; null while paused or unknown.
-            "flush_rate_bytes_per_s": rate,
-            "eta_seconds": (
-                page.eta_s(backlog.pending_bytes, rate)
-                if backlog.pending_objects > backlog.failed_objects or not backlog.pending_objects
-                else None  # only failed objects are left: they wait for an operator
-            ),
-            "cache_used_bytes": stats.cached_bytes,
-            "cache_capacity_bytes": svc.capacity_bytes,
-            "retries": flusher.retries,
-            "throttled": flusher.throttles,
-            "last_error": flusher.last_error,
-            "lanes": lanes,
-            **{name: figure() for name, figure in svc.status_extras.items()},
-        }
-    )
+    doc = await status_document(svc)
+    doc.update({name: figure() for name, figure in svc.status_extras.items()})
+    return doc
 
 
 def _float_arg(request: web.Request, name: str, default: float) -> float:
@@ -140,10 +78,13 @@ def _float_arg(request: web.Request, name: str, default: float) -> float:
 async def drain(request: web.Request) -> web.Response:
     """A fence: is everything acknowledged before this call (under bucket/prefix) durable?
 
-    ``failed_objects`` says how many of the pending objects failed permanently and
-    ``held_objects`` how many are commit markers held back behind one: they wait for an
-    operator (``POST /admin/v1/flush/retry``), not for time, so a waiting drain returns as
-    soon as nothing else is left, rather than at its timeout."""
+    Unlike the status document, ``pending_objects``/``pending_bytes`` here keep their
+    original meaning (scripts rely on it): everything of the fence not durable yet (what
+    the status calls ``unflushed_*``); ``in_flight_sent_bytes`` of it is already sent by
+    uploads in flight (not durable until they end). Of them, ``failed_objects`` failed
+    permanently and ``held_objects`` are commit markers held back behind one: they wait
+    for an operator (``POST /admin/v1/flush/retry``), not for time, so a waiting drain
+    returns as soon as nothing else is left, rather than at its timeout."""
     svc = request.app[ADMIN]
     bucket = request.query.get("bucket") or None
     prefix = request.query.get("prefix", "")
@@ -167,6 +108,8 @@ async def drain(request: web.Request) -> web.Response:
             "pending_bytes": left.bytes,
             "failed_objects": left.failed,
             "held_objects": left.held,
+            # Of pending_bytes: already sent by uploads in flight (progress, not durable).
+            "in_flight_sent_bytes": svc.flusher.progress.sent_bytes(bucket, prefix),
         }
     )
 
@@ -217,25 +160,34 @@ async def flush_retry(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus exposition of ``gateway.metrics.REGISTRY``. Counters are recorded where
-    things happen; the gauges mirroring journal state are refreshed here, at scrape, from
-    the figures kept in memory (O(lanes), no query)."""
-    svc = request.app[ADMIN]
-    stats = await svc.journal.stats()
-    backlog = stats.backlog
-    gm.PENDING_OBJECTS.set(backlog.pending_objects)
-    gm.PENDING_BYTES.set(backlog.pending_bytes)
-    gm.FAILED_OBJECTS.set(backlog.failed_objects)
-    gm.FLUSHED_OBJECTS.set(stats.flushed_objects)
-    gm.FLUSHED_BYTES.set(stats.flushed_bytes)
-    gm.CACHE_USED_BYTES.set(stats.cached_bytes)
-    oldest = backlog.oldest_acked_s
-    gm.RECOVERY_POINT_S.set(0.0 if oldest is None else max(0.0, svc.clock.wall() - oldest))
+    things happen; the gauges mirroring the backlog are refreshed here, at scrape, from the
+    status document (the same figures as /admin/v1/status: O(lanes), no scan)."""
+    doc = await status_document(request.app[ADMIN])
+    for gauge, name in (
+        (gm.PENDING_OBJECTS, "pending_objects"),
+        (gm.PENDING_BYTES, "pending_bytes"),
+        (gm.FAILED_OBJECTS, "failed_objects"),
+        (gm.FAILED_BYTES, "failed_bytes"),
+        (gm.HELD_OBJECTS, "held_objects"),
+        (gm.UNFLUSHED_OBJECTS, "unflushed_objects"),
+        (gm.UNFLUSHED_BYTES, "unflushed_bytes"),
+        (gm.IN_FLIGHT_SENT_BYTES, "in_flight_sent_bytes"),
+        (gm.FLUSH_RATE, "flush_rate_bytes_per_s"),
+        (gm.FLUSHED_OBJECTS, "flushed_objects"),
+        (gm.FLUSHED_BYTES, "flushed_bytes"),
+        (gm.CACHE_USED_BYTES, "cache_used_bytes"),
+    ):
+        gauge.set(doc[name])
+    gm.RECOVERY_POINT_S.set(doc["oldest_pending_seconds"] or 0.0)
+    gm.FLUSH_PAUSED.set(1 if doc["flush_state"] == "paused" else 0)
     # Lanes come and go: rebuild their series so a finished lane does not linger.
-    for gauge in (gm.LANE_RATE, gm.LANE_PENDING_OBJECTS, gm.LANE_PENDING_BYTES):
+    lane_gauges = (gm.LANE_RATE, gm.LANE_ACCEPTED, gm.LANE_PENDING_OBJECTS, gm.LANE_PENDING_BYTES)
+    for gauge in lane_gauges:
         gauge.clear()
-    for lane in lane_figures(svc):
+    for lane in doc["lanes"]:
         labels = (lane["bucket"], lane["prefix"])
         gm.LANE_RATE.labels(*labels).set(lane["rate_limit_per_s"])
+        gm.LANE_ACCEPTED.labels(*labels).set(lane["accepted_per_s"])
         gm.LANE_PENDING_OBJECTS.labels(*labels).set(lane["pending_objects"])
         gm.LANE_PENDING_BYTES.labels(*labels).set(lane["pending_bytes"])
     # Text format 0.0.4 unless the scraper asks for OpenMetrics (or text 1.0.0).
@@ -256,5 +208,11 @@ def build_admin_app(services: AdminServices) -> web.Application:
     app.router.add_post("/admin/v1/flush/retry", flush_retry)
     app.router.add_get("/metrics", metrics)
     # The status page at / and the flush history it charts (issue 6).
-    page.install(app, services.journal, services.clock, lambda: services.flusher.is_paused)
+    page.install(
+        app,
+        services.journal,
+        services.clock,
+        lambda: services.flusher.is_paused,
+        services.flusher.progress.total_bytes,
+    )
     return app

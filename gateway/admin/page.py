@@ -1,19 +1,22 @@
 """The admin listener's status page (``GET /``) and the flush history it charts.
 
 The page is one static HTML file (inline CSS, JS and SVG: no CDN, works air-gapped) that
-polls ``/admin/v1/status`` and ``/admin/v1/history``. The history is kept here, in the
-admin app: the journal's flushed and pending totals (in-memory figures, O(1)) go into a
-bounded ring when they change, at most once per ``SAMPLE_EVERY_S``, so the page can draw
-the flush rate over the last ``HISTORY_S`` seconds without any state in the browser.
-Nothing runs on a timer: an idle gateway records nothing (the totals did not move, and the
-history endpoint appends the present), and nobody pays for a page nobody looks at.
+polls ``/admin/v1/status``, ``/admin/v1/history`` and ``/admin/v1/checkpoints``. The
+history is kept here, in the admin app: the journal's totals and the flusher's progress
+counter (bytes of finished uploads plus bytes sent of those in flight; in-memory figures,
+O(1)) go into a bounded ring when the journal changes, at most once per ``SAMPLE_EVERY_S``,
+so the page can chart the flush rate over up to ``HISTORY_S`` seconds without any state in
+the browser; the chart says the span its samples really cover. Nothing runs on a timer: an
+idle gateway records nothing (the totals did not move, and the history endpoint appends
+the present), and nobody pays for a page nobody looks at. The rate and ETA figures come
+from the status document (flush/progress.py), never from this history.
 """
 
 from __future__ import annotations
 
 import collections
 import importlib.resources
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -24,10 +27,6 @@ from gateway.store.journal import Journal
 
 SAMPLE_EVERY_S = 2.0
 HISTORY_S = 15 * 60.0
-# The drain rate behind an ETA looks back at most this far, and never past the start of the
-# current backlog or the last moment the flusher was paused: a one-minute average of a
-# drain that began four seconds ago (mostly idle time) gave ETAs a hundred times too long.
-RATE_SPAN_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +39,17 @@ class Sample:
     pending_bytes: int
     pending_objects: int
     is_paused: bool = False  # the flusher was paused at that instant
+    progress_bytes: int = 0  # the flusher's progress counter (bytes in flight count)
 
-    def as_json(self) -> dict[str, float | int]:
+    def as_json(self) -> dict[str, float | int | bool]:
         return {
             "t": self.at_s,
             "flushed_bytes": self.flushed_bytes,
             "flushed_objects": self.flushed_objects,
-            "pending_bytes": self.pending_bytes,
-            "pending_objects": self.pending_objects,
+            "unflushed_bytes": self.pending_bytes,
+            "unflushed_objects": self.pending_objects,
+            "progress_bytes": self.progress_bytes,
+            "paused": self.is_paused,
         }
 
 
@@ -64,39 +66,6 @@ class FlushHistory:
             self.samples.popleft()
 
 
-def drain_rate(samples: Sequence[Sample]) -> float | None:
-    """Bytes/s flushed lately, for an ETA: from the newest sample back over the current
-    drain only, i.e. to the first sample of the current backlog (after the last one with
-    nothing pending) or of the current run of the flusher (after the last one taken
-    paused), and at most ``RATE_SPAN_S``. (When the newest sample follows such a boundary
-    at once, the boundary itself is the start.) None without two samples apart in time, or
-    when the newest one was taken paused."""
-    if not samples or samples[-1].is_paused:
-        return None
-    last = samples[-1]
-    first: Sample | None = None
-    for sample in reversed(samples[:-1]):
-        if last.at_s - sample.at_s > RATE_SPAN_S:
-            break
-        if sample.pending_bytes == 0 or sample.is_paused:
-            first = first or sample
-            break
-        first = sample
-    if first is None or last.at_s <= first.at_s:
-        return None
-    return max(0.0, (last.flushed_bytes - first.flushed_bytes) / (last.at_s - first.at_s))
-
-
-def eta_s(pending_bytes: int, rate_bytes_per_s: float | None) -> float | None:
-    """Seconds until ``pending_bytes`` are flushed at that rate (0 when nothing is
-    pending; None when the rate is unknown, zero, or the flusher is paused)."""
-    if pending_bytes == 0:
-        return 0.0
-    if not rate_bytes_per_s:
-        return None
-    return pending_bytes / rate_bytes_per_s
-
-
 @dataclass(slots=True)
 class HistorySource:
     """What the sampler reads, and the ring it fills."""
@@ -104,6 +73,7 @@ class HistorySource:
     journal: Journal
     clock: Clock
     is_paused: Callable[[], bool] = lambda: False
+    progress_bytes: Callable[[], int] = lambda: 0
     history: FlushHistory = field(default_factory=FlushHistory)
     last_sample_s: float | None = None
 
@@ -119,7 +89,7 @@ class HistorySource:
 HISTORY = web.AppKey("flush_history", HistorySource)
 
 
-def sample_of(stats: Stats, at_s: float, is_paused: bool) -> Sample:
+def sample_of(stats: Stats, at_s: float, is_paused: bool, progress_bytes: int = 0) -> Sample:
     return Sample(
         at_s=at_s,
         flushed_bytes=stats.flushed_bytes,
@@ -127,11 +97,13 @@ def sample_of(stats: Stats, at_s: float, is_paused: bool) -> Sample:
         pending_bytes=stats.backlog.pending_bytes,
         pending_objects=stats.backlog.pending_objects,
         is_paused=is_paused,
+        progress_bytes=progress_bytes,
     )
 
 
 def take_sample(src: HistorySource) -> Sample:
-    return sample_of(src.journal.figures.stats(), src.clock.wall(), src.is_paused())
+    stats = src.journal.figures.stats()
+    return sample_of(stats, src.clock.wall(), src.is_paused(), src.progress_bytes())
 
 
 async def history_sampler(app: web.Application) -> AsyncIterator[None]:
@@ -144,13 +116,18 @@ async def history_sampler(app: web.Application) -> AsyncIterator[None]:
 
 
 async def history(request: web.Request) -> web.Response:
-    """``GET /admin/v1/history``: ``{"interval_seconds", "samples": [{t, flushed_bytes,
-    flushed_objects, pending_bytes, pending_objects}, ...]}``, oldest first, with a fresh
-    sample of this instant appended (not stored) so the last point is always current."""
+    """``GET /admin/v1/history``: ``{"interval_seconds", "kept_seconds", "samples": [{t,
+    flushed_bytes, flushed_objects, unflushed_bytes, unflushed_objects, progress_bytes,
+    paused}, ...]}``, oldest first, with a fresh sample of this instant appended (not
+    stored) so the last point is always current. ``progress_bytes`` counts bytes sent of
+    uploads in flight (its differences are the flush rate); ``unflushed_*`` count every
+    object not durable yet (failed and held ones too)."""
     src = request.app[HISTORY]
     now = take_sample(src)
     samples = [s.as_json() for s in src.history.samples] + [now.as_json()]
-    return web.json_response({"interval_seconds": SAMPLE_EVERY_S, "samples": samples})
+    return web.json_response(
+        {"interval_seconds": SAMPLE_EVERY_S, "kept_seconds": HISTORY_S, "samples": samples}
+    )
 
 
 def _page_html() -> bytes:
@@ -168,10 +145,14 @@ async def status_page(request: web.Request) -> web.Response:
 
 
 def install(
-    app: web.Application, journal: Journal, clock: Clock, is_paused: Callable[[], bool]
+    app: web.Application,
+    journal: Journal,
+    clock: Clock,
+    is_paused: Callable[[], bool],
+    progress_bytes: Callable[[], int],
 ) -> None:
     """Add the page, the history endpoint and the sampler to the admin app."""
-    app[HISTORY] = HistorySource(journal, clock, is_paused)
+    app[HISTORY] = HistorySource(journal, clock, is_paused, progress_bytes)
     app.cleanup_ctx.append(history_sampler)
     app.router.add_get("/", status_page)
     app.router.add_get("/admin/v1/history", history)

@@ -12,6 +12,16 @@ Newest first: directory names in natural order, descending, numbers compared as 
 (``step_10`` is newer than ``step_9``; ``epoch_2_step_100`` newer than ``epoch_1_step_900``;
 zero-padded and date-like names sort as expected); names that tie (``step_10`` and
 ``step_010``) are ordered by their marker's Last-Modified, newest first.
+
+Each directory carries this node's figures and its state in words (checkpoint_figures.py).
+When the upstream cannot be listed (unreachable, or the bucket is gone there), the
+directories are those this node holds rows for, and ``upstream_error`` says why: a node
+that cannot reach its bucket still says what it holds and why it is not durable.
+
+Roots (``roots``): without a prefix, the places checkpoints are written to are found from
+the journal: every parent of a directory holding a commit marker row (``ckpt/`` for
+``ckpt/step_3/.metadata``), one scan of the rows cached for ``ROOTS_TTL_S``; a bucket with
+rows and no marker yet is listed from its root.
 """
 
 from __future__ import annotations
@@ -19,31 +29,43 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.core.checkpoint_figures import (
+    CheckpointFigures,
+    CheckpointState,
+    FlushView,
+    failed_rows,
+    node_figures,
+    state_of,
+)
 from gateway.core.listing import ListingService
 from gateway.core.objects import ObjectService
-from gateway.errors import NoSuchKey
+from gateway.errors import NoSuchKey, S3Error
+from gateway.models import LocalObject
+from gateway.store import catalog
 from gateway.store.journal import Journal
 
 _DIGITS = re.compile(r"(\d+)")
 _GLOB_CHARS = frozenset("*?[")
 _PAGE = 1000
 _HEADS_AT_ONCE = 16
+ROOTS_TTL_S = 30.0  # how long the scan for marker rows is trusted
+_MARKER_SCAN_LIMIT = 100_000
 
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """One checkpoint directory (``prefix`` ends with ``/``)."""
+    """One checkpoint directory (``prefix`` ends with ``/``) and this node's figures."""
 
     prefix: str
     name: str
     marker: str | None  # the commit marker's file name when complete
     marker_last_modified_s: float | None
-    pending_objects: int
-    pending_bytes: int
+    figures: CheckpointFigures = field(default_factory=CheckpointFigures)
 
     @property
     def is_complete(self) -> bool:
@@ -51,9 +73,14 @@ class Checkpoint:
 
     @property
     def is_durable(self) -> bool:
-        return self.is_complete and self.pending_objects == 0
+        return self.is_complete and self.figures.unflushed_objects == 0
+
+    @property
+    def state(self) -> CheckpointState:
+        return state_of(self.is_complete, self.figures)
 
     def as_dict(self) -> dict[str, Any]:
+        state = self.state
         return {
             "prefix": self.prefix,
             "name": self.name,
@@ -61,9 +88,22 @@ class Checkpoint:
             "durable": self.is_durable,
             "marker": self.marker,
             "marker_last_modified": self.marker_last_modified_s,
-            "pending_objects": self.pending_objects,
-            "pending_bytes": self.pending_bytes,
+            "state": state.state,
+            "state_text": state.text,
+            "reason": state.reason,
+            **self.figures.as_dict(),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointList:
+    """The checkpoints under one root, newest first; ``upstream_error`` when only what this
+    node holds could be listed."""
+
+    bucket: str
+    prefix: str
+    checkpoints: list[Checkpoint]
+    upstream_error: str | None = None
 
 
 def natural_key(name: str) -> tuple[str | int, ...]:
@@ -79,6 +119,13 @@ def directory(prefix: str) -> str:
     return prefix if not prefix or prefix.endswith("/") else prefix + "/"
 
 
+def root_of(marker_key: str) -> str:
+    """Where the checkpoint holding ``marker_key`` lives: ``ckpt/`` for
+    ``ckpt/step_3/.metadata`` (``""`` for ``step_3/.metadata`` or a top-level marker)."""
+    checkpoint_dir = marker_key.rpartition("/")[0]
+    return checkpoint_dir.rpartition("/")[0] + "/" if "/" in checkpoint_dir else ""
+
+
 class CheckpointService:
     """Lists checkpoint directories (see the module docstring); read-only."""
 
@@ -88,28 +135,82 @@ class CheckpointService:
         objects: ObjectService,
         journal: Journal,
         markers: Sequence[str],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._listing = listing
         self._objects = objects
         self._journal = journal
         self._markers = tuple(markers)
+        self._clock = clock
+        self._roots: tuple[float, dict[str, list[str]]] | None = None
 
-    async def checkpoints(self, bucket: str, prefix: str) -> list[Checkpoint]:
-        """Every directory directly under ``prefix``, newest first."""
+    async def checkpoints(
+        self,
+        bucket: str,
+        prefix: str,
+        flush: FlushView | None = None,
+        limit: int | None = None,
+    ) -> CheckpointList:
+        """Every directory directly under ``prefix`` (the ``limit`` newest only, when given:
+        one marker lookup each), newest first, with this node's figures. Raises the
+        upstream's S3Error only when it cannot be listed and this node holds nothing under
+        the prefix either (e.g. ``NoSuchBucket``)."""
         base = directory(prefix)
-        dirs = await self._directories(bucket, base)
-        limit = asyncio.Semaphore(_HEADS_AT_ONCE)
+        upstream_error = None
+        try:
+            dirs = await self._directories(bucket, base, local_only=False)
+        except S3Error as exc:
+            dirs = await self._directories(bucket, base, local_only=True)
+            if not dirs and not await self._journal.scan(bucket, base, "", 1):
+                raise
+            upstream_error = f"{exc.code}: {exc.message}"
+        if limit is not None:
+            dirs.sort(key=lambda d: natural_key(d[len(base) : -1]), reverse=True)
+            dirs = dirs[: max(0, limit)]
+        failed = None
+        if self._journal.figures.unflushed_under(bucket, base).failed_objects:
+            failed = await failed_rows(self._journal)
+        at_once = asyncio.Semaphore(_HEADS_AT_ONCE)
 
         async def describe(path: str) -> Checkpoint:
-            async with limit:
-                return await self._describe(bucket, base, path)
+            async with at_once:
+                return await self._describe(bucket, base, path, flush, failed, upstream_error)
 
         found = await asyncio.gather(*(describe(d) for d in dirs))
         found.sort(key=lambda c: c.marker_last_modified_s or 0.0, reverse=True)
         found.sort(key=lambda c: natural_key(c.name), reverse=True)  # stable: ties by time
-        return found
+        return CheckpointList(bucket, base, found, upstream_error)
 
-    async def _directories(self, bucket: str, base: str) -> list[str]:
+    async def roots(self, bucket: str | None) -> list[tuple[str, str]]:
+        """(bucket, root) where checkpoints are written, per bucket holding rows (``bucket``
+        only, if given), sorted: the parents of directories with a commit marker row, or
+        the bucket's root when it has none yet."""
+        by_bucket = await self._marker_roots()
+        names = [bucket] if bucket is not None else await self.buckets()
+        return [(name, root) for name in names for root in by_bucket.get(name, [""])]
+
+    async def buckets(self) -> list[str]:
+        """Every bucket this node holds rows for (pending, failed, or cached), sorted."""
+        return await catalog.buckets_with_rows(self._journal)
+
+    async def _marker_roots(self) -> dict[str, list[str]]:
+        now_s = self._clock()
+        if self._roots is not None and now_s - self._roots[0] < ROOTS_TTL_S:
+            return self._roots[1]
+        found: dict[str, set[str]] = {}
+        for bucket, key in await catalog.marker_keys(
+            self._journal, None, self._markers, _MARKER_SCAN_LIMIT
+        ):
+            name = key.rpartition("/")[2]
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in self._markers):
+                found.setdefault(bucket, set()).add(root_of(key))
+        roots = {bucket: sorted(prefixes) for bucket, prefixes in found.items()}
+        self._roots = (now_s, roots)
+        return roots
+
+    async def _directories(self, bucket: str, base: str, *, local_only: bool) -> list[str]:
+        if local_only:
+            return await self._local_directories(bucket, base)
         out: list[str] = []
         after = ""
         while True:
@@ -121,10 +222,47 @@ class CheckpointService:
                 return out
             after = page.last_name
 
-    async def _describe(self, bucket: str, base: str, path: str) -> Checkpoint:
-        marker, modified_s = await self._marker(bucket, path)
-        pending, size = await self._journal.unflushed(bucket, path, self._journal.last_seq)
-        return Checkpoint(path, path[len(base) : -1], marker, modified_s, pending, size)
+    async def _local_directories(self, bucket: str, base: str) -> list[str]:
+        """Directories directly under ``base`` holding a live local row (one seek each)."""
+        out: list[str] = []
+        after = ""
+        while rows := await self._journal.scan(bucket, base, after, _PAGE):
+            row = next((r for r in rows if "/" in r.meta.key[len(base) :]), None)
+            if row is None:
+                if len(rows) < _PAGE:
+                    return out
+                after = rows[-1].meta.key
+                continue
+            rest = row.meta.key[len(base) :]
+            path = base + rest[: rest.index("/") + 1]
+            if await self._has_live_row(bucket, path):
+                out.append(path)
+            after = path + "\U0010ffff"  # past everything under it
+        return out
+
+    async def _has_live_row(self, bucket: str, path: str) -> bool:
+        after = ""
+        while rows := await self._journal.scan(bucket, path, after, _PAGE):
+            if any(not r.is_delete for r in rows):
+                return True
+            after = rows[-1].meta.key
+        return False
+
+    async def _describe(
+        self,
+        bucket: str,
+        base: str,
+        path: str,
+        flush: FlushView | None,
+        failed: list[LocalObject] | None,
+        upstream_error: str | None,
+    ) -> Checkpoint:
+        if upstream_error is None:
+            marker, modified_s = await self._marker(bucket, path)
+        else:
+            marker, modified_s = await self._local_marker(bucket, path)
+        figures = await node_figures(self._journal, bucket, path, flush, failed)
+        return Checkpoint(path, path[len(base) : -1], marker, modified_s, figures)
 
     async def _marker(self, bucket: str, path: str) -> tuple[str | None, float | None]:
         """The first commit marker present directly in ``path``, and its Last-Modified."""
@@ -138,6 +276,23 @@ class CheckpointService:
             found = await self._matching_file(bucket, path, pattern)
             if found is not None:
                 return found
+        return None, None
+
+    async def _local_marker(self, bucket: str, path: str) -> tuple[str | None, float | None]:
+        """``_marker`` from this node's rows only (the upstream cannot be asked)."""
+        for pattern in self._markers:
+            if _GLOB_CHARS.isdisjoint(pattern):
+                row = await self._journal.get(bucket, path + pattern)
+                if row is not None and not row.is_delete:
+                    return pattern, row.meta.last_modified_s
+                continue
+            after = ""
+            while rows := await self._journal.scan(bucket, path, after, _PAGE):
+                for row in rows:
+                    name = row.meta.key[len(path) :]
+                    if "/" not in name and not row.is_delete and fnmatch.fnmatchcase(name, pattern):
+                        return name, row.meta.last_modified_s
+                after = rows[-1].meta.key
         return None, None
 
     async def _matching_file(

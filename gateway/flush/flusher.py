@@ -58,6 +58,7 @@ from gateway.flush.order import FlushOrder
 from gateway.flush.orphans import UpstreamUploads
 from gateway.flush.parts import split_parts
 from gateway.flush.policy import FlushPolicy, PolicyConfig
+from gateway.flush.progress import FlushProgress
 from gateway.flush.ratelimit import TokenBucket
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
@@ -137,6 +138,7 @@ class Flusher:
         self.policy = FlushPolicy(policy or PolicyConfig(write_back_delay_s=0.0), self.lanes)
         # In a fleet, commit markers also wait for every other gateway (fleet/fence.py).
         self.order = FlushOrder(self.policy, journal.figures, marker_holds)
+        self.progress = FlushProgress(clock.monotonic)  # bytes in flight, measured rates
         self._is_attached = False
         now_s = clock.monotonic()
         self._requests = TokenBucket(rate_per_s, rate_burst, now_s)
@@ -368,7 +370,8 @@ class Flusher:
             reason = None if obj.is_delete else unsendable(obj.meta)
             if reason is not None:
                 raise Fatal(reason)
-            await self._upload(obj, lane)
+            with self.progress.upload(obj.meta.bucket, obj.meta.key, obj.meta.size_bytes):
+                await self._upload(obj, lane)
         except _Superseded:
             return
         except Exception as exc:  # the worker loop: every failure is recorded, none escapes
@@ -432,6 +435,7 @@ class Flusher:
                     raise
                 if sent:
                     self.lanes.on_answer(ticket, self._clock.monotonic(), throttled=False)
+                    self.progress.accepted(lane.bucket, lane.prefix)
         finally:
             self.lanes.done(ticket)
             self._pump()
@@ -532,10 +536,12 @@ class Flusher:
                 # upstream checks it (moto does not): a bad body MUST NOT become the
                 # bucket's latest version, so check before sending (usually page cache).
                 await _require_intact(opened[0], digests[0])
+                body = self.progress.body(obj.meta.bucket, obj.meta.key, opened[0])
                 async with self._slot(lane, obj.seq, 1, obj.meta.size_bytes):
-                    etag = await self._upstream.put_object(obj.meta, opened[0])
+                    etag = await self._upstream.put_object(obj.meta, body)
                 _check_etag(etag, obj.meta.etag)
                 return
+            sources = self.progress.parts(obj.meta.bucket, obj.meta.key, sources)
             # CreateMultipartUpload takes its tokens here but is sent by put_multipart,
             # outside the slot; each part and the completion hold a slot while sent.
             async with self._slot(lane, obj.seq, 1, 0, sent=False):
@@ -610,6 +616,7 @@ class Flusher:
     def _note_transient(self, lane: Lane, exc: FlushError) -> None:
         """Count a transient failure; a throttle also goes to the admission (once)."""
         self._retries += 1
+        self.progress.failed(printable(str(exc)))
         metrics.FLUSH_RETRIES.inc()
         if isinstance(exc, Throttled):
             self._throttles += 1

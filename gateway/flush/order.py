@@ -322,10 +322,6 @@ class FlushOrder:
             and g.key.startswith(prefix)
         )
 
-    def held_markers(self) -> list[tuple[str, str, int]]:
-        """(bucket, key, seq) of every commit marker waiting outside its lane."""
-        return [(g.bucket, g.key, g.seq) for g in self._gates.values()]
-
     # -- handing work out -------------------------------------------------------------------
 
     def take(self, limit: int, now_s: float, monotonic_s: float) -> list[int]:
@@ -465,6 +461,23 @@ class FlushOrder:
         return lane
 
     # -- figures ----------------------------------------------------------------------------
+
+    def held_markers(self) -> list[tuple[str, str]]:
+        """(bucket, key) of the commit markers held back behind failed objects (their fence
+        has nothing left but failed rows) or, in a fleet, for nodes that cannot answer: only
+        an operator lets them go. O(markers waiting)."""
+        return [
+            (gate.fence.bucket or "", gate.fence.exclude_key or "")
+            for gate in self._gates.values()
+            if gate.fence is not None
+            and (
+                (
+                    gate.fence.tally.objects > 0
+                    and gate.fence.tally.objects == gate.fence.tally.failed_objects
+                )
+                or (gate.fence_clear and gate.hold is not None and gate.hold.is_stuck)
+            )
+        ]
 
     def backlog(self) -> dict[tuple[str, str], tuple[int, int]]:
         """Unflushed objects and bytes per (bucket, lane prefix), lanes with any only."""

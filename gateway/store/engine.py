@@ -21,7 +21,6 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -32,8 +31,8 @@ from gateway.store.rows import Change, RowChange, RowImage, is_directory_prefix
 from gateway.store.sqlite_writer import GroupWriter
 from gateway.store.tables import (
     count_unflushed,
+    ensure_schema,
     load_figures,
-    migrate,
     referenced_blobs,
     unflushed_images,
 )
@@ -95,8 +94,7 @@ class JournalEngine:
         """Create or migrate the schema, run recovery, load the figures, return every
         referenced blob id."""
         conn = self._connect()
-        conn.executescript(resources.files("gateway.store").joinpath("schema.sql").read_text())
-        migrate(conn)
+        ensure_schema(conn)
         # Recovery: uploads in flight when the process died never completed as far as we know.
         conn.execute("UPDATE objects SET state = 'pending' WHERE state = 'flushing'")
         row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM objects").fetchone()

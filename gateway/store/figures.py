@@ -43,13 +43,15 @@ _UNFLUSHED = (FlushState.PENDING, FlushState.FLUSHING, FlushState.FAILED)
 
 @dataclass(frozen=True, slots=True)
 class Backlog:
-    """Totals of what is not durable upstream yet."""
+    """Totals of what is not durable upstream yet. ``pending_*`` counts every such row
+    (failed ones included); ``flushing_objects`` and ``failed_*`` are parts of it."""
 
     pending_objects: int
     pending_bytes: int
     flushing_objects: int
     failed_objects: int
     oldest_acked_s: float | None
+    failed_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +290,7 @@ class Figures:
             flushing_objects=flushing[0],
             failed_objects=failed[0],
             oldest_acked_s=self._oldest.oldest(),
+            failed_bytes=failed[1],
         )
         return Stats(backlog, self.flushed_objects, self.flushed_bytes, self.space().used_bytes)
 
@@ -308,6 +311,10 @@ class Figures:
 
     def has_unflushed(self, bucket: str) -> bool:
         return bucket in self._buckets
+
+    def unflushed_buckets(self) -> list[str]:
+        """Buckets with unflushed rows, sorted."""
+        return sorted(self._buckets)
 
     # -- fences ----------------------------------------------------------------------------
 

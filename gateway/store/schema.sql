@@ -35,6 +35,15 @@ CREATE TABLE IF NOT EXISTS buckets (
     created_s REAL NOT NULL
 ) WITHOUT ROWID;
 
+-- The upstream this data dir's rows were acknowledged for (store/origin.py): 'demo' (the
+-- embedded, in-memory demo upstream) or a real endpoint's normalised URL. One row, written
+-- before the first write is acknowledged; changed only when nothing is left to flush there.
+CREATE TABLE IF NOT EXISTS upstream (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    endpoint    TEXT NOT NULL,
+    recorded_s  REAL NOT NULL                  -- wall clock of the record
+);
+
 CREATE TABLE IF NOT EXISTS counters (
     name  TEXT PRIMARY KEY,
     value INTEGER NOT NULL

@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 import sqlite3
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
 
 from gateway.store.figures import Figures, Tally
@@ -103,6 +104,12 @@ _ADDED_INDEXES = (
     "CREATE INDEX IF NOT EXISTS objects_lru ON objects (COALESCE(accessed_s, acked_s), seq) "
     "WHERE state = 'durable' AND is_delete = 0",
 )
+
+
+def ensure_schema(conn: sqlite3.Connection) -> None:
+    """Create the journal's tables, or bring an older journal's up to date (idempotent)."""
+    conn.executescript(resources.files("gateway.store").joinpath("schema.sql").read_text())
+    migrate(conn)
 
 
 def migrate(conn: sqlite3.Connection) -> None:

@@ -29,9 +29,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
+import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gateway.errors import NoSuchBucket, S3Error
 from gateway.metrics import UPSTREAM_REQUESTS
@@ -238,8 +239,51 @@ def count_upstream_request(
 _STATIC_CREDENTIALS = frozenset({"explicit", "env", "shared-credentials-file", "config-file"})
 
 
+# Codes of an upstream that answered but refused the gateway's own credentials.
+_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "InvalidClientTokenId",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeProblem:
+    """Why the upstream did not answer a probe: ``reason`` in a few words;
+    ``is_credentials`` when it answered but refused the gateway's credentials."""
+
+    reason: str
+    is_credentials: bool = False
+
+
+class NoUpstreamCredentials(RuntimeError):
+    """The standard AWS chain found no credentials for the upstream (``start()``)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no upstream credentials found (searched: environment, AWS profile, container "
+            "and instance role): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+            "AWS_PROFILE (a profile in ~/.aws/credentials or ~/.aws/config), or give the "
+            "node an instance role or IRSA (AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE); "
+            "these are the gateway's own credentials for the bucket, not the clients' "
+            "--access-key/--secret-key"
+        )
+
+
 class AiobotocoreUpstream:
-    """Upstream over aiobotocore. ``start()`` inside the event loop, ``close()`` at shutdown."""
+    """Upstream over aiobotocore. ``start()`` inside the event loop, ``close()`` at shutdown.
+
+    ``start()`` resolves the upstream credentials first, from the standard AWS chain (the
+    session keeps what it found, so the client signs with exactly that), and raises
+    ``NoUpstreamCredentials`` when there are none: a gateway that cannot sign a single
+    upload must not start acknowledging writes. ``probe()`` asks the upstream once, with a
+    short deadline, whether it answers.
+    """
 
     def __init__(
         self,
@@ -276,6 +320,10 @@ class AiobotocoreUpstream:
         kwargs: dict[str, Any] = {}
         if self._keys[0] is not None:
             kwargs = {"aws_access_key_id": self._keys[0], "aws_secret_access_key": self._keys[1]}
+        elif await session.get_credentials() is None:
+            # The chain the client itself resolves (the session caches the result); an
+            # instance role or IRSA resolves here without a request to STS.
+            raise NoUpstreamCredentials()
         self._client = await self._stack.enter_async_context(
             session.create_client(
                 "s3",
@@ -304,6 +352,28 @@ class AiobotocoreUpstream:
             return None
         frozen = await creds.get_frozen_credentials()
         return str(frozen.secret_key)
+
+    async def probe(self, timeout_s: float) -> ProbeProblem | None:
+        """Send one ListBuckets and wait at most ``timeout_s`` for it. None when the upstream
+        answered (any S3 answer: AccessDenied too, the endpoint is there and understood the
+        request), else why not: no answer in time, the connection refused, the credentials
+        refused. Never raises (a start only warns: an outage must not stop a node from
+        acknowledging writes)."""
+        try:
+            await asyncio.wait_for(self._client.list_buckets(), timeout_s)
+        except TimeoutError:
+            return ProbeProblem(f"no answer within {timeout_s:g} s")
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            if code in _CREDENTIAL_CODES:
+                detail = " ".join(str(err.get("Message", "")).split())
+                return ProbeProblem(
+                    f"it refused the gateway's credentials ({code}: {detail})", True
+                )
+        except (BotoCoreError, aiohttp.ClientError, OSError) as exc:
+            return ProbeProblem(" ".join(str(exc).split()) or type(exc).__name__)
+        return None
 
     # -- writes (flush) --------------------------------------------------------------------
 

@@ -40,19 +40,26 @@ def test_status_table_shows_totals_lanes_and_human_sizes(gateway_factory: Any, b
         proc = _cli("status", "--admin", gw.admin)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    table = {line[:16].strip(): line[16:] for line in lines[:9]}
-    assert table["flush rate"] == "- (flusher paused: no ETA)"
+    # What needs an operator first, with the command that resolves it.
+    assert lines[:2] == [
+        "PAUSED  flusher paused: nothing is uploaded until it is resumed -> run `gateway resume`",
+        "",
+    ]
+    table = {line[:18].strip(): line[18:] for line in lines[2:12]}
+    assert table["flush rate"] == "0 B/s (no ETA: flusher paused: `gateway resume`)"
     assert table["flush state"] == "paused"
     assert table["pending"] == "3 objects, 4.0 MiB"  # 1536 + 3 MiB + 1 MiB
-    assert table["failed"] == "0 objects"
-    assert table["oldest pending"].endswith("s")
+    assert table["failed"] == "0 objects, 0 B"
+    assert table["unflushed"] == "3 objects, 4.0 MiB (not durable upstream yet)"
+    assert table["oldest unflushed"].endswith("s")
     rows = [line.split() for line in lines if line.startswith(bucket)]
+    # The measured rate (0 requests/s: paused) and the limit (3500/s) in separate columns.
     assert rows == [
-        [bucket, "ckpt/step_7/rank_0/", "1", "1.5", "KiB", "0", "3500", "0"],
-        [bucket, "ckpt/step_7/rank_1/", "2", "4.0", "MiB", "0", "3500", "0"],
+        [bucket, "ckpt/step_7/rank_0/", "1", "1.5", "KiB", "0", "0", "0", "0", "3500", "0"],
+        [bucket, "ckpt/step_7/rank_1/", "2", "4.0", "MiB", "0", "0", "0", "0", "3500", "0"],
     ]
     header = next(line for line in lines if line.startswith("bucket"))
-    expected = "bucket prefix objects bytes in flight rate/s 503s"
+    expected = "bucket prefix objects bytes failed held in flight req/s limit/s 503s"
     assert header.split() == expected.split()
 
 
@@ -77,6 +84,7 @@ def test_drain_times_out_with_exit_3_and_plain_progress(gateway_factory: Any, bu
         "pending_bytes": len(body),
         "failed_objects": 0,
         "held_objects": 0,
+        "in_flight_sent_bytes": 0,
     }
     # Not a TTY: plain lines, no carriage returns; the first and the verdict at least.
     progress = proc.stderr.splitlines()
@@ -144,9 +152,11 @@ def test_drain_stops_waiting_when_only_failed_objects_are_left(
         "pending_bytes": len(b"shard") + len(b"marker"),
         "failed_objects": 1,  # the shard
         "held_objects": 1,  # the marker, held back behind it (never uploaded without it)
+        "in_flight_sent_bytes": 0,
     }
     assert "(only failed objects are left)" in proc.stderr
     assert "1 of the pending objects failed permanently (1 commit markers" in proc.stderr
+    assert "then run `gateway retry`" in proc.stderr
     assert f"POST {gw.admin}/admin/v1/flush/retry" in proc.stderr
 
     # The operator fixes the cause and retries: the same command then drains.

@@ -288,6 +288,7 @@ def test_throttled_lane_does_not_hold_back_another(rig_factory: Callable[..., Ri
         "pending_bytes": 0,
         "failed_objects": 0,
         "held_objects": 0,
+        "in_flight_sent_bytes": 0,
     }
     assert hot_now["drained"] is False
     assert hot_now["pending_objects"] > 0

@@ -1,16 +1,22 @@
 """Process lifecycle and backpressure: cache capacity -> 503 SlowDown (reads keep working),
-and SIGTERM -> not ready, writes refused with SlowDown, the rest kept on disk for the next
-start."""
+SIGTERM -> not ready, writes refused with SlowDown, the rest kept on disk for the next
+start; a second signal -> an exit at once, nothing lost."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
+import subprocess
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 from harness import (
+    GatewayProcess,
     error_code,
     error_status,
     http_request,
@@ -151,3 +157,141 @@ def test_orphan_blobs_swept_in_background_after_start(gateway_factory: Any, buck
     for key, body in {"sweep/kept": kept, **fresh}.items():
         assert read_body(s3.get_object(Bucket=bucket, Key=key)) == body
     gw.drained(bucket=bucket)
+
+
+class Blackhole:
+    """A TCP relay to an upstream, that can go silent: while silent, what clients send is
+    dropped and nothing comes back, on open connections and new ones alike (a blackholed
+    path: connections are accepted, requests never answered). ``speak()`` ends the
+    silence and resets the connections whose bytes it dropped, as a broken path would."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.is_silent = False
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self._lock = threading.Lock()
+        self._tainted: list[socket.socket] = []
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def speak(self) -> None:
+        with self._lock:
+            self.is_silent = False
+            for conn in self._tainted:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+            self._tainted.clear()
+
+    def close(self) -> None:
+        self._server.close()
+        with self._lock:
+            for conn in self._open:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            target = socket.create_connection(("127.0.0.1", self.target_port))
+            with self._lock:
+                self._open += [client, target]
+            threading.Thread(target=self._pump, args=(client, target, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(target, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, is_request: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(1 << 16):
+                with self._lock:
+                    if is_request and self.is_silent:
+                        self._tainted.append(source)
+                        continue
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+def _wait_for(predicate: Any, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_second_signal_stops_at_once_and_loses_nothing(
+    moto_server: str, upstream: Any, bucket: str, tmp_path: Path
+) -> None:
+    """SIGTERM (Kubernetes' path, after the preStop drain) keeps draining up to its
+    deadline; a second signal (Ctrl-C) stops at once, with uploads in flight to an upstream
+    that stopped answering, and says what stays on disk. The next start, with the upstream
+    still silent, serves and warns; once it answers everything reaches it."""
+    hole = Blackhole(int(moto_server.rsplit(":", 1)[1]))
+    gw = GatewayProcess(
+        tmp_path / "data",
+        hole.url,
+        extra_args=[
+            "--shutdown-drain-timeout", "120", "--write-back-delay", "0",
+            "--flush-retry-max", "1",
+        ],
+    )  # fmt: skip
+    try:
+        gw.start()
+        s3 = gw.client()
+        bodies = {"halt/warmup": payload(1000, seed="warm")}
+        s3.put_object(Bucket=bucket, Key="halt/warmup", Body=bodies["halt/warmup"])
+        gw.drained(bucket=bucket)  # the bucket is known: writes are acked while silent
+        hole.is_silent = True
+        late = {f"halt/{i}": payload(8 * KiB, seed=f"halt{i}") for i in range(3)}
+        for key, body in late.items():
+            assert s3.put_object(Bucket=bucket, Key=key, Body=body)["ETag"] == quoted_md5(body)
+        bodies.update(late)
+        _wait_for(lambda: gw.object_state(bucket, "halt/0")["state"] == "flushing", "an upload")
+
+        gw.send_signal(signal.SIGTERM)
+        gw.logged("draining 3 objects")
+        with pytest.raises(subprocess.TimeoutExpired):
+            gw.proc.wait(timeout=1)  # type: ignore[union-attr]  # draining, deadline 120 s
+        started = time.monotonic()
+        gw.send_signal(signal.SIGINT)
+        assert gw.wait_exit(timeout=30) == 0
+        assert time.monotonic() - started < 15, "a second signal must not wait for the drain"
+        run = gw.log_path.read_text()
+        assert (
+            "draining 3 objects (24.0 KiB) for up to 120s; a second SIGINT or SIGTERM stops at "
+            "once and keeps what is left on disk" in run
+        )
+        assert (
+            "SIGINT during the shutdown: stopping at once, without waiting for the drain; what "
+            "is not flushed stays on disk, safe, for the next start" in run
+        )
+        assert (
+            f"exiting with 3 objects (24.0 KiB) not yet flushed; they are safe on disk in "
+            f"{gw.data_dir} and flush at the next start on it with --upstream-endpoint "
+            f"{hole.url}" in run
+        )
+
+        gw.start()  # the upstream still does not answer: a warning, not a refusal
+        warned = gw.logged("flush once it answers", after="===== start #2")
+        assert f"WARNING gateway [-]: upstream {hole.url}: no answer within 3 s;" in warned
+        during = payload(2000, seed="during")
+        assert s3.put_object(Bucket=bucket, Key="halt/during", Body=during)["ETag"] == (
+            quoted_md5(during)
+        )
+        bodies["halt/during"] = during
+        hole.speak()
+        gw.drained(bucket=bucket)
+        stored = upstream_objects(upstream, bucket)
+        assert sorted(stored) == sorted(bodies)
+        for key, body in bodies.items():
+            got = upstream.get_object(Bucket=bucket, Key=key)
+            assert (got["ETag"], read_body(got)) == (quoted_md5(body), body)
+    finally:
+        gw.stop()
+        hole.close()

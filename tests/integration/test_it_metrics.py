@@ -84,6 +84,17 @@ def test_backlog_gauges_while_paused(gateway: Any, s3: Any, bucket: str) -> None
         paused = scrape(gateway)
         assert value(paused, "gateway_pending_objects") == len(bodies)
         assert value(paused, "gateway_pending_bytes") == sum(map(len, bodies))
+        # Nothing failed or held: everything unflushed is pending; the flusher says paused.
+        assert value(paused, "gateway_unflushed_objects") == len(bodies)
+        assert value(paused, "gateway_unflushed_bytes") == sum(map(len, bodies))
+        assert value(paused, "gateway_failed_objects") == value(paused, "gateway_held_objects") == 0
+        assert value(paused, "gateway_flush_paused") == 1
+        # The lane's limit and its measured rate are separate series: 3500/s may be sent,
+        # none is accepted while paused.
+        lane = {"bucket": bucket, "lane": "p/"}
+        assert value(paused, "gateway_lane_rate_limit_per_second", **lane) == 3500
+        assert value(paused, "gateway_lane_accepted_per_second", **lane) == 0
+        assert value(paused, "gateway_lane_pending_objects", **lane) == len(bodies)
         assert value(paused, "gateway_oldest_unflushed_seconds") >= 0.2
         assert value(paused, "gateway_cache_used_bytes") >= sum(map(len, bodies))
         # Nothing of these reached the upstream while paused.
@@ -94,6 +105,9 @@ def test_backlog_gauges_while_paused(gateway: Any, s3: Any, bucket: str) -> None
     assert value(after, "gateway_pending_objects") == 0
     assert value(after, "gateway_pending_bytes") == 0
     assert value(after, "gateway_oldest_unflushed_seconds") == 0
+    assert value(after, "gateway_flush_paused") == 0
+    # Measured over the last 10 s: the drain that just ended still shows.
+    assert value(after, "gateway_flush_rate_bytes_per_second") > 0
 
 
 def test_multipart_is_counted_per_part(gateway: Any, s3: Any, bucket: str) -> None:

@@ -107,7 +107,8 @@ def test_the_readme_activates_the_venv_before_its_commands() -> None:
     shell = [_commands(text) for lang, text in blocks() if lang == "sh"]
     activate = next(i for i, lines in enumerate(shell) if ". .venv/bin/activate" in lines[-1])
     later = " ".join(" ".join(lines) for lines in shell[activate + 1 :])
-    for command in ("gateway drain", "gateway status", "aws --endpoint-url", "gateway latest"):
+    commands = ("gateway drain", "gateway status", "aws --endpoint-url", "gateway latest")
+    for command in (*commands, "gateway checkpoints"):
         assert command in later, f"{command!r} is not after the venv's activation"
     assert (REPO_ROOT / ".venv" / "bin" / "activate").exists() or VENV != REPO_ROOT / ".venv"
 
@@ -123,6 +124,8 @@ def test_every_readme_example_works_as_written(demo: DemoGateway, tmp_path: Path
     text = "\n".join(out)
     assert '"drained": true' in text
     assert "flush state" in text  # gateway status printed its table
+    # gateway checkpoints printed the table and waited for the newest complete checkpoint.
+    assert re.search(r"^  step_3 .* durable in the bucket$", text, re.MULTILINE), text
     assert "ckpt/step_1/shard.bin" in text or "shard.bin" in text  # the AWS CLI's listing
     # The restore commands found the newest complete checkpoint: s3torchconnector's.
     assert "\nckpt/step_3/\n" in f"\n{text}"

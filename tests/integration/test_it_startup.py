@@ -20,18 +20,21 @@ from harness import GatewayProcess, free_port
 START_TIMEOUT_S = 60
 
 
-def _serve(gw: GatewayProcess, *extra: str) -> subprocess.CompletedProcess[str]:
-    """Run the gateway's own command (plus ``extra`` flags) expecting it to exit."""
+def serve_once(
+    gw: GatewayProcess, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the gateway's own command (plus ``extra`` flags; in ``env`` if given, else its
+    own environment) expecting it to exit."""
     return subprocess.run(
         [*gw.command(), *extra],
-        env=gw.environment(),
+        env=gw.environment() if env is None else env,
         capture_output=True,
         text=True,
         timeout=START_TIMEOUT_S,
     )
 
 
-def _assert_one_line_failure(done: subprocess.CompletedProcess[str], *cause: str) -> str:
+def assert_one_line_failure(done: subprocess.CompletedProcess[str], *cause: str) -> str:
     """Exit 2; the last stderr line says why; nothing else but ordinary info lines."""
     out = done.stderr + done.stdout
     assert done.returncode == 2, out
@@ -61,8 +64,8 @@ def test_port_in_use_is_one_line(
 ) -> None:
     port = {"port": listening} if which == "s3" else {"admin_port": listening}
     gw = GatewayProcess(tmp_path / "data", moto_server, **port)  # type: ignore[arg-type]
-    done = _serve(gw)
-    _assert_one_line_failure(done, f"listening on 127.0.0.1:{listening}", "address already in use")
+    done = serve_once(gw)
+    assert_one_line_failure(done, f"listening on 127.0.0.1:{listening}", "address already in use")
     # Nothing was left behind (the lock included): the same data dir starts a gateway.
     other = GatewayProcess(tmp_path / "data", moto_server)
     other.start()
@@ -96,8 +99,8 @@ def _read_only_dir(tmp_path: Path) -> Iterator[Path]:
 def test_read_only_data_dir_is_one_line(moto_server: str, tmp_path: Path) -> None:
     with _read_only_dir(tmp_path) as data_dir:
         gw = GatewayProcess(data_dir, moto_server, log_path=tmp_path / "ro.log")
-        done = _serve(gw)
-        last = _assert_one_line_failure(done, f"data dir {data_dir}")
+        done = serve_once(gw)
+        last = assert_one_line_failure(done, f"data dir {data_dir}")
         assert "read-only file system" in last or "permission denied" in last, last
         # Neither listener was opened: both ports are free.
         for port in (gw.port, gw.admin_port):
@@ -133,8 +136,85 @@ def test_other_start_up_failures_are_one_line(
     if case == "journal-not-sqlite":
         gw.data_dir.mkdir()
         (gw.data_dir / "journal.db").write_text("these are not the pages of a database\n")
-    done = _serve(gw, *[a.replace("{garbage}", str(garbage)) for a in args])
-    _assert_one_line_failure(done, *cause)
+    done = serve_once(gw, *[a.replace("{garbage}", str(garbage)) for a in args])
+    assert_one_line_failure(done, *cause)
+    # Nothing was created on disk: no data dir, or the one there as it was.
+    if case == "journal-not-sqlite":
+        assert os.listdir(gw.data_dir) == ["journal.db"]
+        assert (gw.data_dir / "journal.db").read_text() == "these are not the pages of a database\n"
+    else:
+        assert not gw.data_dir.exists()
+    assert garbage.read_text() == "-----BEGIN NOTHING-----\n"
+
+
+@pytest.mark.parametrize("case", ["new-nested-dir", "existing-dir", "blobs-is-a-file"])
+def test_a_failed_start_leaves_the_disk_as_it_was(
+    moto_server: str, tmp_path: Path, listening: int, case: str
+) -> None:
+    """A data dir the start made is gone again; one that existed holds what it held (no new
+    journal or lock file in it), whichever step failed: the S3 address in use (before the
+    data dir is touched), or the body store after the journal was created."""
+    data_dir = (
+        tmp_path / "new" / "nested" / "data" if case == "new-nested-dir" else tmp_path / "data"
+    )
+    if case != "new-nested-dir":
+        data_dir.mkdir()
+        (data_dir / "notes.txt").write_text("the operator's\n")
+    extra: dict[str, int] = {}
+    if case == "blobs-is-a-file":
+        (data_dir / "blobs").write_text("not a directory\n")
+    else:
+        extra["port"] = listening
+    gw = GatewayProcess(data_dir, moto_server, log_path=tmp_path / "gw.log", **extra)  # type: ignore[arg-type]
+    done = serve_once(gw)
+    if case == "blobs-is-a-file":
+        assert_one_line_failure(done, f"cannot start: opening the data dir {data_dir}")
+        assert sorted(os.listdir(data_dir)) == ["blobs", "notes.txt"]
+    else:
+        assert_one_line_failure(done, f"listening on 127.0.0.1:{listening}")
+    if case == "new-nested-dir":
+        assert not (tmp_path / "new").exists()
+    else:
+        assert (data_dir / "notes.txt").read_text() == "the operator's\n"
+        assert not (data_dir / "journal.db").exists() and not (data_dir / "gateway.lock").exists()
+
+
+@pytest.mark.parametrize("case", ["none", "partial"])
+def test_no_upstream_credentials_is_one_line(moto_server: str, tmp_path: Path, case: str) -> None:
+    """A real upstream and no upstream credentials in the AWS chain: the start fails before
+    it creates anything (every PUT would otherwise be acknowledged and never flushed)."""
+    gw = GatewayProcess(tmp_path / "data", moto_server)
+    env = gw.environment()
+    del env["AWS_SECRET_ACCESS_KEY"]
+    if case == "none":
+        del env["AWS_ACCESS_KEY_ID"]
+    done = serve_once(gw, env=env)
+    if case == "none":
+        last = assert_one_line_failure(
+            done,
+            f"cannot start: setting up the upstream client for {moto_server}: no upstream "
+            "credentials found",
+        )
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_ROLE_ARN"):
+            assert name in last, last
+    else:
+        assert_one_line_failure(done, "missing: AWS_SECRET_ACCESS_KEY")
+    assert not gw.data_dir.exists()
+
+
+def test_an_unreachable_upstream_is_a_warning_not_a_refusal(tmp_path: Path) -> None:
+    """An outage must not stop a node from acknowledging writes: the start says the
+    upstream does not answer, and serves."""
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    gw = GatewayProcess(tmp_path / "data", down)
+    gw.start()
+    try:
+        log = gw.logged("flush once it answers")
+        line = next(line for line in log.splitlines() if "flush once it answers" in line)
+        assert f"WARNING gateway [-]: upstream {down}: Could not connect" in line, line
+        assert gw.status()["pending_objects"] == 0
+    finally:
+        gw.stop()
 
 
 def test_a_second_gateway_on_one_data_dir_refuses(
@@ -143,8 +223,8 @@ def test_a_second_gateway_on_one_data_dir_refuses(
     first = gateway_factory()
     first.client().put_object(Bucket=bucket, Key="locked/k", Body=b"v")
     second = GatewayProcess(first.data_dir, moto_server, log_path=first.data_dir.parent / "2.log")
-    done = _serve(second)
-    _assert_one_line_failure(
+    done = serve_once(second)
+    assert_one_line_failure(
         done, f"data dir {first.data_dir}", f"in use by another gateway (pid {first.pid})"
     )
     assert first.drained(bucket=bucket)["drained"] is True  # the first one never noticed
@@ -221,3 +301,23 @@ def test_stop_and_restart_say_what_is_left_and_what_was_recovered(
     last_run = gw.log_path.read_text().split("===== start #2")[1]
     assert "shutting down: refusing new writes; nothing is pending" in last_run
     assert "exiting: everything acknowledged is durable upstream" in last_run
+
+
+def test_upstream_refusing_the_credentials_is_a_warning(gateway_factory: Any) -> None:
+    """An upstream that answers but does not know the gateway's upstream key (here another
+    gateway, which checks SigV4 against its own client keys): the start says so, and serves."""
+    front = gateway_factory()
+    gw = GatewayProcess(front.data_dir.parent / "behind", front.endpoint)
+    gw.start()
+    try:
+        line = next(
+            line
+            for line in gw.logged("refused the gateway's credentials").splitlines()
+            if "refused the gateway's credentials" in line
+        )
+        assert line.split(" gateway [-]: ", 1)[1].startswith(
+            f"upstream {front.endpoint}: it refused the gateway's credentials (InvalidAccessKeyId: "
+        ), line
+        assert "none flushes until the upstream credentials are fixed" in line
+    finally:
+        gw.stop()

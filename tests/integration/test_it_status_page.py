@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 from harness import http_request, payload
 
-# The lane bar colour of status.html (#3b6fd8).
+# The lane bar colour of status.html (#3b6fd8), and the failed banner's background (#fde8e6).
 BAR_RGB = (0x3B, 0x6F, 0xD8)
+FAILED_RGB = (0xFD, 0xE8, 0xE6)
 
 
 def _chromium() -> str:
@@ -35,7 +36,9 @@ def _chromium() -> str:
     pytest.skip("chromium not installed (apt-get install chromium); CI installs it")
 
 
-def _run_chromium(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _run_chromium(
+    url: str, tmp_path: Path, *extra: str, height: int = 900
+) -> subprocess.CompletedProcess[str]:
     cmd = [
         _chromium(),
         "--headless",
@@ -48,7 +51,7 @@ def _run_chromium(url: str, tmp_path: Path, *extra: str) -> subprocess.Completed
         "--disable-sync",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
         "--virtual-time-budget=5000",
-        "--window-size=1000,900",
+        f"--window-size=1000,{height}",
         *extra,
         url,
     ]
@@ -63,25 +66,33 @@ def _text_of(dom: str, element_id: str) -> str:
 
 @pytest.fixture
 def busy_gateway(gateway_factory: Any, upstream: Any, bucket: str) -> Any:
-    """A gateway with one failed object (13 bytes) and 1,000,000 bytes pending in two lanes,
-    flusher paused. The failure: its bucket is deleted upstream before the flusher runs.
-    Pending counts every object not yet durable upstream, the failed one included."""
+    """A gateway with one failed object (13 bytes) holding a commit marker (4 bytes) back,
+    and 1,000,000 bytes pending in two lanes of a complete checkpoint, flusher paused. The
+    failure: its bucket is deleted upstream before the flusher runs. Pending, failed and
+    held are disjoint: 2 pending objects, 1 failed, 1 held."""
     gw = gateway_factory()
     s3 = gw.client()
     doomed = bucket + "-gone"
     upstream.create_bucket(Bucket=doomed)
     with gw.flush_paused():
-        s3.put_object(Bucket=doomed, Key="lost/object", Body=b"never arrives")
+        s3.put_object(Bucket=doomed, Key="lost/step_1/object", Body=b"never arrives")
+        s3.put_object(Bucket=doomed, Key="lost/step_1/.metadata", Body=b"meta")
         upstream.delete_bucket(Bucket=doomed)
     for _ in range(600):  # NoSuchBucket is permanent: the object turns failed, not retried
-        if gw.status()["failed_objects"] == 1:
+        if gw.status()["held_objects"] == 1:
             break
         gw.drain(timeout=0.1, wait=True)
     assert gw.status()["failed_objects"] == 1
     gw.pause_flush()
     s3.put_object(Bucket=bucket, Key="ckpt/step_3/rank_0/shard.pt", Body=payload(300_000, 1))
     s3.put_object(Bucket=bucket, Key="ckpt/step_3/rank_1/shard.pt", Body=payload(700_000, 2))
+    s3.put_object(Bucket=bucket, Key="ckpt/step_3/.metadata", Body=b"m3")
     return gw
+
+
+def _checkpoint_rows(dom: str) -> list[list[str]]:
+    rows = re.findall(r'<tr class="checkpoint"[^>]*>(.*?)</tr>', dom)
+    return [re.findall(r"<td[^>]*>([^<]*)", row) for row in rows]
 
 
 def test_status_page_shows_live_pending_lanes_and_failures(
@@ -95,44 +106,80 @@ def test_status_page_shows_live_pending_lanes_and_failures(
 
     dom = _run_chromium(gw.admin + "/", tmp_path, "--dump-dom").stdout
     assert 'data-loaded="true"' in dom, dom[:2000]
-    assert _text_of(dom, "pending-bytes") == "976.6 KiB"  # 1,000,013 bytes
+    # Paused and failed first, prominent, each with the command that resolves it.
+    banner = re.search(r'<div id="banner">(.*?)</div></div>', dom)
+    assert banner, dom[:3000]
+    assert '<div class="paused" data-state="paused">PAUSED: flusher paused' in banner.group(1)
+    assert "<code>gateway resume</code>" in banner.group(1)
+    assert '<div class="failed" data-state="failed">FAILED: 1 object failed permanently' in (
+        banner.group(1)
+    )
+    assert "<code>gateway retry</code>" in banner.group(1)
+    # The checkpoints at the top: states in words; the held marker is not a pending row.
+    assert _checkpoint_rows(dom) == [
+        [bucket, "ckpt/step_3/", "complete on this node", "3 objects, 976.6 KiB", "-", "-"],
+        [bucket + "-gone", "lost/step_1/",
+         "held: its commit marker waits behind 1 object that failed", "-", "1 object, 13 B", "-"],
+    ]  # fmt: skip
+    assert "failed: lost/step_1/object (NoSuchBucket" in dom
+    assert _text_of(dom, "pending-bytes") == "976.6 KiB"  # 1,000,002 bytes: 2 shards, a marker
     assert _text_of(dom, "pending-objects") == "3 objects (0 flushing)"
     assert _text_of(dom, "failed-objects") == "1"
+    assert _text_of(dom, "held-objects") == "1 commit markers held behind them"
     assert 'class="value bad" id="failed-objects"' in dom
     assert _text_of(dom, "flush-state") == "flusher paused"
-    assert _text_of(dom, "eta") == "paused: no ETA"
-    assert _text_of(dom, "rate") == "-"
+    assert _text_of(dom, "eta") == "no ETA: flusher paused: `gateway resume`"
+    assert _text_of(dom, "rate") == "0 B/s"
     assert _text_of(dom, "error") == ""
     lanes = re.findall(r'<tr class="lane">(.*?)</tr>', dom)
     cells = [re.findall(r"<td[^>]*>([^<]*)", row) for row in lanes]
-    assert [c[:4] for c in cells if c[0] == bucket] == [
-        [bucket, "ckpt/step_3/rank_0/", "1", "293.0 KiB"],
-        [bucket, "ckpt/step_3/rank_1/", "1", "683.6 KiB"],
+    # objects, bytes, (bar), failed, held, in flight, measured req/s, limit/s, 503s
+    assert [c for c in cells if c[0] == bucket] == [
+        [bucket, "ckpt/step_3/", "1", "2 B", "", "0", "0", "0", "0", "3500", "0"],
+        [bucket, "ckpt/step_3/rank_0/", "1", "293.0 KiB", "", "0", "0", "0", "0", "3500", "0"],
+        [bucket, "ckpt/step_3/rank_1/", "1", "683.6 KiB", "", "0", "0", "0", "0", "3500", "0"],
     ]
-    # The chart was drawn from the history endpoint: a polyline with real points.
+    [gone] = [c for c in cells if c[0] == bucket + "-gone"]
+    assert gone[1:4] == ["lost/step_1/", "0", "0 B"] and gone[5:7] == ["1", "1"]
+    # The chart was drawn from the history endpoint: a polyline with real points, under a
+    # title that says the span its samples cover (not a fixed "15 minutes").
     for line in ("rate-line", "pending-line"):
         points = re.search(rf'id="{line}"[^>]*points="([^"]+)"', dom)
         assert points and len(points.group(1).split()) >= 2, line
+    title = _text_of(dom, "chart-title")
+    assert re.fullmatch(r"Flush rate over the last \d+s \(up to 15m00s are kept\)", title), title
 
 
 def test_status_page_screenshot_has_real_content(busy_gateway: Any, tmp_path: Path) -> None:
     shot = tmp_path / "status.png"
-    _run_chromium(busy_gateway.admin + "/", tmp_path, f"--screenshot={shot}")
+    _run_chromium(busy_gateway.admin + "/", tmp_path, f"--screenshot={shot}", height=1500)
     width, height, pixels = _decode_png(shot.read_bytes())
-    assert (width, height) == (1000, 900)
+    assert (width, height) == (1000, 1500)
     colours = {pixels[i : i + 3] for i in range(0, len(pixels), 3)}
     assert len(colours) > 50, "the screenshot is (nearly) uniform"
-    # The two lane bars are drawn: many pixels of their exact colour.
-    bar = bytes(BAR_RGB)
-    assert sum(1 for i in range(0, len(pixels), 3) if pixels[i : i + 3] == bar) > 500
+
+    def count(rgb: tuple[int, int, int], rows: range) -> int:
+        want = bytes(rgb)
+        return sum(
+            1
+            for y in rows
+            for i in range(y * width * 3, (y + 1) * width * 3, 3)
+            if pixels[i : i + 3] == want
+        )
+
+    # The failed banner is prominent: a wide band of its colour near the top of the page.
+    assert count(FAILED_RGB, range(0, 250)) > 20_000
+    # The lane bars are drawn: many pixels of their exact colour.
+    assert count(BAR_RGB, range(height)) > 500
 
 
 def test_history_endpoint_samples_totals(busy_gateway: Any) -> None:
     doc = http_request("GET", busy_gateway.admin + "/admin/v1/history").json()
-    assert doc["interval_seconds"] > 0
+    assert doc["interval_seconds"] > 0 and doc["kept_seconds"] == 900
     last = doc["samples"][-1]
-    assert last["pending_bytes"] == 1_000_013
-    assert last["pending_objects"] == 3
+    assert last["unflushed_bytes"] == 1_000_002 + 13 + 4  # everything not durable yet
+    assert last["unflushed_objects"] == 5
+    assert last["paused"] is True
     times = [s["t"] for s in doc["samples"]]
     assert times == sorted(times)
 
@@ -193,13 +240,18 @@ def test_status_page_shows_the_flush_rate_after_flushing(
     gw.drained(bucket=bucket)
     dom = _run_chromium(gw.admin + "/", tmp_path, "--dump-dom").stdout
     assert _text_of(dom, "flushed-bytes") == "976.6 KiB"
-    assert _text_of(dom, "flushed-objects") == "2 objects"
-    assert _text_of(dom, "pending-objects") == "1 objects (0 flushing)"  # the failed one
+    assert _text_of(dom, "flushed-objects") == "3 objects"
+    assert _text_of(dom, "pending-objects") == "0 objects (0 flushing)"  # failed/held apart
     assert _text_of(dom, "flush-state") == "flusher running"
-    # The rate of the current drain (since the resume: 0 B/s once a sample was taken after
-    # it ended), not a minute's average; and no ETA for what only an operator can unstick.
+    # The rate measured over the last 10 s (non-zero right after the drain; it decays to 0),
+    # and no ETA for what only an operator can unstick.
     rate = _text_of(dom, "rate")
-    assert rate.endswith("/s"), rate
-    assert _text_of(dom, "eta") == "only failed objects left"
+    assert rate.endswith("/s") and rate != "0 B/s", rate
+    assert _text_of(dom, "eta") == (
+        "no ETA: only failed objects are left: fix the cause, then `gateway retry`"
+    )
+    assert "PAUSED" not in dom and "FAILED: 1 object failed permanently" in dom
+    rows = _checkpoint_rows(dom)
+    assert rows[0] == [bucket, "ckpt/step_3/", "durable in the bucket", "-", "-", "-"]
     # The chart's scale is the highest per-interval rate: non-zero once bytes flushed.
     assert _text_of(dom, "chart-max") not in ("-", "1 B/s")

@@ -503,7 +503,9 @@ class SimNode:
     async def api_rows(self, prefix: str, after: str, limit: int) -> tuple[list[PeerRow], bool]:
         rows = sorted((r for r in self.disk.pending.values() if r.key > after), key=lambda r: r.key)
         rows = [r for r in rows if r.key.startswith(prefix)][:limit]
-        out = [PeerRow(r.key, len(r.value), r.value, r.acked_s, r.acked_s, r.is_delete) for r in rows]
+        out = [
+            PeerRow(r.key, len(r.value), r.value, r.acked_s, r.acked_s, r.is_delete) for r in rows
+        ]
         return out, len(out) == limit
 
 

@@ -28,7 +28,9 @@ async def _checkpoint(fleet: SimFleet, step: int, shards_per_node: int) -> dict[
     node writes the marker. Returns key -> value of the shards."""
     up = [n for n in fleet.names if fleet.nodes[n].is_up]
     writes = {
-        f"ckpt/{step}/{name}_{i}": f"v{step}-{name}-{i}" for name in up for i in range(shards_per_node)
+        f"ckpt/{step}/{name}_{i}": f"v{step}-{name}-{i}"
+        for name in up
+        for i in range(shards_per_node)
     }
 
     async def write(key: str, value: str) -> None:

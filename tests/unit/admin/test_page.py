@@ -1,47 +1,39 @@
-"""The drain rate and ETA the status page and `gateway status` show (gateway/admin/page.py):
-measured over the current drain, not a one-minute average, and none while paused."""
+"""The flush history behind the status page's chart (gateway/admin/page.py): samples are
+taken when the journal changes, at most every SAMPLE_EVERY_S, and carry the flusher's
+progress counter (bytes in flight count) beside the journal's totals."""
 
 from __future__ import annotations
 
-import pytest
-
-from gateway.admin.page import RATE_SPAN_S, Sample, drain_rate, eta_s
-
-MB = 1_000_000
+from gateway.admin.page import SAMPLE_EVERY_S, FlushHistory, HistorySource, Sample
+from gateway.clock import FakeClock
+from gateway.store.journal import Journal
 
 
-def _s(t: float, flushed: int, pending: int, *, paused: bool = False) -> Sample:
-    return Sample(t, flushed, 0, pending, 1 if pending else 0, is_paused=paused)
+def test_the_ring_keeps_the_newest_samples() -> None:
+    history = FlushHistory(capacity=3)
+    for t in range(5):
+        history.add(Sample(float(t), t, t, 0, 0))
+    assert [s.at_s for s in history.samples] == [2.0, 3.0, 4.0]
 
 
-def test_a_four_second_drain_gets_a_four_second_eta() -> None:
-    # Idle for a minute, then 100 MB land and drain at 25 MB/s (samples every 2 s).
-    idle = [_s(t, 0, 0) for t in range(0, 60, 2)]
-    drain = [_s(60, 0, 100 * MB), _s(62, 50 * MB, 50 * MB), _s(63, 75 * MB, 25 * MB)]
-    rate = drain_rate([*idle, *drain])
-    assert rate == pytest.approx(25 * MB)
-    assert eta_s(25 * MB, rate) == pytest.approx(1.0)  # the one-minute average said 20 s
-
-
-def test_no_rate_and_no_eta_while_paused() -> None:
-    samples = [_s(0, 0, 10 * MB), _s(2, 5 * MB, 5 * MB), _s(4, 5 * MB, 5 * MB, paused=True)]
-    assert drain_rate(samples) is None
-    assert eta_s(5 * MB, None) is None
-
-
-def test_the_rate_after_a_resume_ignores_the_paused_stretch() -> None:
-    paused = [_s(t, 0, 80 * MB, paused=True) for t in range(0, 40, 2)]
-    running = [_s(40, 0, 80 * MB), _s(42, 20 * MB, 60 * MB), _s(44, 40 * MB, 40 * MB)]
-    assert drain_rate([*paused, *running]) == pytest.approx(10 * MB)
-
-
-def test_a_long_drain_is_measured_over_the_last_span() -> None:
-    samples = [_s(t, int(t) * MB, 10_000 * MB) for t in range(0, 300, 2)]
-    samples += [_s(300, 300 * MB + 60 * MB, 10_000 * MB)]  # faster in the last 2 s
-    assert drain_rate(samples) == pytest.approx((360 - 240) * MB / RATE_SPAN_S)
-
-
-def test_too_few_samples_give_no_rate() -> None:
-    assert drain_rate([]) is None
-    assert drain_rate([_s(5, 0, MB)]) is None
-    assert eta_s(0, None) == 0.0  # nothing pending: drained
+def test_changes_are_sampled_at_most_every_interval(journal: Journal) -> None:
+    clock = FakeClock()
+    progress = [0]
+    src = HistorySource(journal, clock, lambda: True, lambda: progress[0])
+    src.on_changes()
+    progress[0] = 4096
+    clock.advance(SAMPLE_EVERY_S / 2)
+    src.on_changes()  # too soon: not sampled
+    clock.advance(SAMPLE_EVERY_S / 2)
+    src.on_changes()
+    samples = [s.as_json() for s in src.history.samples]
+    assert [s["progress_bytes"] for s in samples] == [0, 4096]
+    assert samples[1] == {
+        "t": clock.wall(),
+        "flushed_bytes": 0,
+        "flushed_objects": 0,
+        "unflushed_bytes": 0,
+        "unflushed_objects": 0,
+        "progress_bytes": 4096,
+        "paused": True,
+    }

@@ -259,12 +259,16 @@ async def test_marker_waits_for_an_earlier_failed_row(journal: Journal) -> None:
     await _put(journal, "p/shard-0")
     await _put(journal, "p/.metadata")
     [shard] = (await _claim(journal, rig, T0)).objects
+    order = await rig.attach(journal)
+    assert order.held_markers() == []  # waiting for a shard in flight: not held
     await _queue(journal).mark_failed(shard, "AccessDenied")
+    assert order.held_markers() == [(BUCKET, "p/.metadata")]  # only an operator frees it
 
     for _ in range(2):
         assert (await _claim(journal, rig, T0 + 5.0)).objects == []
 
     assert await _queue(journal).retry_failed() == 1
+    assert order.held_markers() == []  # the shard moves again
     [retried] = (await _claim(journal, rig, T0 + 6.0)).objects
     assert retried.meta.key == "p/shard-0"
     await _queue(journal).mark_durable(retried)
