@@ -25,11 +25,12 @@ import asyncio
 import contextlib
 import itertools
 import random
-import selectors
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from virtual_time import LoopClock
 
 from gateway.core.peers import newest_source
 from gateway.fleet.fence import parent_prefix
@@ -51,80 +52,6 @@ from gateway.store.members import MemberRecord
 T = TypeVar("T")
 BUCKET = "sim"
 MARKER = ".metadata"
-
-
-# ------------------------------------------------------------------------------ virtual time
-
-
-class _NoIO(selectors.BaseSelector):
-    """A selector with nothing to wait on: ``select(timeout)`` moves the clock instead."""
-
-    def __init__(self, loop: VirtualTimeLoop) -> None:
-        self._loop = loop
-        self._map: dict[Any, selectors.SelectorKey] = {}
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = selectors.SelectorKey(fileobj, 0, events, data)
-        self._map[fileobj] = key
-        return key
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._map.pop(fileobj)
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is None:
-            raise RuntimeError("simulation stalled: nothing is ready and no timer is set")
-        self._loop.advance(timeout)
-        return []
-
-    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
-        return self._map
-
-    def close(self) -> None:
-        self._map.clear()
-
-
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop on simulated time (see the module docstring). No real I/O."""
-
-    def __init__(self) -> None:
-        self._now_s = 0.0
-        super().__init__(selector=_NoIO(self))
-        self._clock_resolution = 1e-9
-
-    def time(self) -> float:
-        return self._now_s
-
-    def advance(self, seconds: float) -> None:
-        self._now_s += max(0.0, seconds)
-
-
-class LoopClock:
-    """The ``Clock`` of every simulated node: the loop's (one virtual wall clock)."""
-
-    def monotonic(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    def wall(self) -> float:
-        return 1_700_000_000.0 + asyncio.get_running_loop().time()
-
-
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` on a virtual-time loop; like ``asyncio.run``, cancel and reap whatever it
-    left behind (killed nodes' tasks) before closing the loop."""
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(main)
-    finally:
-        left = asyncio.all_tasks(loop)
-        for task in left:
-            task.cancel()
-        loop.run_until_complete(_reap(left))
-        loop.close()
-
-
-async def _reap(tasks: set[asyncio.Task[Any]]) -> None:
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # ------------------------------------------------------------------------------ the network

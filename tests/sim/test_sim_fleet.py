@@ -18,7 +18,8 @@ import asyncio
 import random
 
 import pytest
-from fleet_sim import BUCKET, MARKER, SimFleet, run
+from fleet_sim import BUCKET, MARKER, SimFleet
+from virtual_time import run
 
 from gateway.fleet.wire import DrainRequest
 
