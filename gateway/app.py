@@ -30,6 +30,7 @@ from gateway.admin import fleet as admin_fleet
 from gateway.admin import reads as admin_reads
 from gateway.admin.api import AdminServices, build_admin_app
 from gateway.admin.auth import resolve_admin_token
+from gateway.admin.status import FlusherView
 from gateway.cli import human_bytes
 from gateway.clock import SystemClock
 from gateway.config import Settings
@@ -187,7 +188,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     prefetcher = Prefetcher(journal, upstream, s3.objects.fills, space, clock)
     stack.push_async_callback(prefetcher.close)
     checkpoints = CheckpointService(
-        s3.listing, s3.objects, journal, markers=settings.commit_markers
+        s3.listing, s3.objects, journal, markers=settings.commit_markers, fleet=fleet
     )
     admin = AdminServices(
         journal=journal,
@@ -205,7 +206,14 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     peer_routes = None
     if fleet is not None:
         side = PeerSide(
-            fleet, peer_secret, clock, s3.objects, journal, flusher.policy, flusher.order
+            fleet,
+            peer_secret,
+            clock,
+            s3.objects,
+            journal,
+            flusher.policy,
+            flusher.order,
+            functools.partial(checkpoints.node_figures, flush=FlusherView(flusher)),
         )
         peer_routes = functools.partial(peer_api.install, side=side)
         admin.status_extras["fleet"] = fleet.status

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,10 +62,13 @@ class PeerSide:
     journal: Journal
     policy: FlushPolicy
     flusher_order: FleetHeld | None = None
+    # A directory's checkpoint figures on this node (``figures``; None: not answered).
+    checkpoint_figures: CheckpointFigures | None = None
 
 
 PEER_SIDE = web.AppKey("peer_side", PeerSide)
 JsonOp = Callable[[PeerSide, Any, web.Request], Awaitable[Any]]
+CheckpointFigures = Callable[[str, Sequence[str]], Awaitable[dict[str, dict[str, Any]]]]
 
 
 def install(app: web.Application, side: PeerSide) -> None:
@@ -189,7 +192,20 @@ async def _rows(side: PeerSide, doc: Any, request: web.Request) -> Any:
     return {"rows": out, "truncated": len(rows) == limit}
 
 
+async def _figures(side: PeerSide, doc: Any, request: web.Request) -> Any:
+    (bucket,) = _strings(doc, "bucket")
+    paths = doc.get("paths")
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise WireError("paths: expected a list of strings")
+    if len(paths) > _MAX_ROWS:
+        raise WireError("paths: at most 1000")
+    if side.checkpoint_figures is None:
+        return {"paths": {}}
+    return {"paths": await side.checkpoint_figures(bucket, paths)}
+
+
 _OPS: dict[str, JsonOp] = {
+    "figures": _figures,
     "hello": _hello,
     "lease": _lease,
     "directory": _directory,

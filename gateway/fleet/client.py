@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import aiohttp
@@ -159,6 +159,16 @@ class PeerClient:
             return decode_head(str(answer["head"]))[0]
         except WireError as exc:
             raise PeerUnavailable(str(exc)) from None
+
+    async def figures(
+        self, address: str, bucket: str, paths: Sequence[str], timeout_s: float
+    ) -> dict[str, dict[str, Any]]:
+        answer = await self._call(
+            address, "figures", {"bucket": bucket, "paths": list(paths)}, timeout_s
+        )
+        if not isinstance(answer, dict) or not isinstance(answer.get("paths"), dict):
+            raise PeerUnavailable("figures: bad answer")
+        return {str(k): v for k, v in answer["paths"].items() if isinstance(v, dict)}
 
     async def list_rows(
         self, address: str, bucket: str, prefix: str, after: str, limit: int, timeout_s: float

@@ -236,6 +236,20 @@ class Fleet:
     def held_by(self, bucket: str, key: str) -> str | None:
         return self.fence.held_by(bucket, key)
 
+    async def figures(
+        self, bucket: str, paths: Sequence[str]
+    ) -> list[tuple[str, dict[str, dict[str, Any]] | None, str | None]]:
+        async def ask(member: Member) -> tuple[str, dict[str, dict[str, Any]] | None, str | None]:
+            try:
+                by_path = await self._transport.figures(
+                    member.address, bucket, paths, self.config.read_timeout_s * 5
+                )
+            except PeerUnavailable as exc:
+                return member.node_id, None, str(exc) or type(exc).__name__
+            return member.node_id, by_path, None
+
+        return list(await asyncio.gather(*(ask(m) for m in self.membership.active())))
+
     # -- MarkerHolds ----------------------------------------------------------------------
 
     def hold(self, bucket: str, key: str, seq: int, on_release: Callable[[], None]) -> Hold:

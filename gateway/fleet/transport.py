@@ -9,9 +9,9 @@ peer that does not answer is never drained, never "has nothing").
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.fleet.wire import (
     DirChange,
@@ -106,6 +106,12 @@ class PeerTransport(Protocol):
         ``PeerError`` for an S3 error of that version (a delete: 404 NoSuchKey, 412, 416).
         ``timeout_s`` bounds the answer's head; a body that stalls raises from its
         iterator."""
+        ...
+
+    async def figures(
+        self, address: str, bucket: str, paths: Sequence[str], timeout_s: float
+    ) -> dict[str, dict[str, Any]]:
+        """The peer's checkpoint figures of each directory in ``paths`` (by path)."""
         ...
 
     async def list_rows(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.fleet.transport import PeerError, PeerHead, PeerRead
 from gateway.fleet.wire import PeerRow
@@ -72,6 +72,13 @@ class FleetView(Protocol):
 
     def held_by(self, bucket: str, key: str) -> str | None:
         """Why the commit marker ``key`` is held by the fleet, if it is."""
+        ...
+
+    async def figures(
+        self, bucket: str, paths: Sequence[str]
+    ) -> list[tuple[str, dict[str, dict[str, Any]] | None, str | None]]:
+        """Every active member's checkpoint figures of ``paths`` (their ``as_dict`` with
+        ``held_by``), asked in parallel: (node, figures by path or None, error)."""
         ...
 
 

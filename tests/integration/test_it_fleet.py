@@ -281,3 +281,47 @@ def test_a_node_back_with_an_empty_disk_keeps_the_marker_held(pair: list[Any], b
 
 def _marker_state(gw: GatewayProcess, bucket: str, key: str) -> tuple[str | None, str | None]:
     return held_by(gw.client().head_object(Bucket=bucket, Key=key))
+
+
+def test_checkpoints_answer_for_the_whole_fleet(fleet: list[Any], bucket: str) -> None:
+    a, b, c = fleet
+    with b.flush_paused():
+        a.client().put_object(Bucket=bucket, Key="run/5/shard_a", Body=b"a" * 1000)
+        b.client().put_object(Bucket=bucket, Key="run/5/shard_b", Body=b"b" * 2000)
+        a.client().put_object(Bucket=bucket, Key="run/5/.metadata", Body=b"meta")
+        until(lambda: a.object_state(bucket, "run/5/shard_a")["state"] == "durable")
+
+        def step() -> dict[str, Any]:
+            doc = c.admin_get(f"/admin/v1/checkpoints?bucket={bucket}&prefix=run/")
+            (checkpoint,) = doc["checkpoints"]
+            return dict(checkpoint)
+
+        held = until(lambda: (s := step())["state"] == "held" and s)
+        assert held["complete"] is True and held["durable"] is False
+        assert held["state_text"].startswith("held: waiting on b:"), held
+        # Asked on c, which holds nothing: a's marker and b's shard, summed.
+        assert held["unflushed_objects"] == 2 and held["unflushed_bytes"] == 2004
+        assert held["unanswered_nodes"] == []
+        waiting = subprocess.run(
+            [
+                *(sys.executable, "-m", "gateway", "checkpoints", "--admin", c.admin),
+                *("--bucket", bucket, "--prefix", "run/", "--wait", "--timeout", "1"),
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert waiting.returncode == 3, waiting.stdout + waiting.stderr
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "gateway", "checkpoints", "--admin", c.admin),
+            *("--bucket", bucket, "--prefix", "run/", "--wait", "--timeout", "60"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "durable in the bucket" in done.stdout
