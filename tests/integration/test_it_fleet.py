@@ -325,3 +325,30 @@ def test_checkpoints_answer_for_the_whole_fleet(fleet: list[Any], bucket: str) -
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "durable in the bucket" in done.stdout
+
+
+def test_a_peer_dying_mid_read_cuts_the_body_never_completes_it_short(
+    pair: list[Any], bucket: str
+) -> None:
+    a, b = pair
+    data = payload(48 << 20, "big")
+    b.pause_flush()
+    b.client().put_object(Bucket=bucket, Key="big/obj", Body=data)
+    got = a.client().get_object(Bucket=bucket, Key="big/obj")
+    assert got["ContentLength"] == len(data)
+    assert got["ResponseMetadata"]["HTTPHeaders"]["x-gateway-node"] == "b"
+    body = got["Body"]
+    first = body.read(1 << 20)
+    assert first == data[: 1 << 20]
+    b.kill()
+    with pytest.raises(Exception) as cut:  # botocore: IncompleteRead / ResponseStreamingError
+        rest = body.read()
+        assert len(first) + len(rest) == len(data)  # only if the whole body had been buffered
+        raise AssertionError("the body was already complete when b died")
+    assert "AssertionError" not in type(cut.value).__name__, cut.value
+    # a keeps serving; b's data is not in the bucket, so a read now falls back to it: 404.
+    started = time.monotonic()
+    with pytest.raises(ClientError) as gone:
+        a.client().get_object(Bucket=bucket, Key="big/obj")
+    assert error_code(gone.value) == "NoSuchKey"
+    assert time.monotonic() - started < 5.0  # within the peer read deadline (2 s) and then some
