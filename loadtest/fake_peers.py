@@ -100,6 +100,8 @@ class FakePeers:
             self._tasks.append(asyncio.ensure_future(self._renew(peer, client, gateway_address)))
 
     async def _renew(self, peer: _FakePeer, client: PeerClient, address: str) -> None:
+        # Members are not synchronised: each renews at its own phase of the second.
+        await asyncio.sleep(int(peer.info.node_id[4:]) / len(self.peers))
         while True:
             try:
                 request = LeaseRequest(peer.info, peer.port, 0, None)

@@ -17,6 +17,7 @@ import asyncio
 import functools
 import logging
 import socket
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -154,6 +155,7 @@ class Membership:
         self.on_join: list[Callable[[Member], None]] = []
         self._saves: set[asyncio.Task[None]] = set()
         self._renewing: dict[str, asyncio.Task[LeaseGrant | None]] = {}
+        self._due: dict[str, float] = {}  # node id -> when its next renewal starts
 
     # -- what others see --------------------------------------------------------------------
 
@@ -177,17 +179,35 @@ class Membership:
             self.members[member.node_id] = member
 
     async def run(self) -> None:
-        """Discover now and every ``refresh_s``, renew leases every ``lease_s / 3``."""
+        """Discover now and every ``refresh_s``; renew each member's lease every
+        ``lease_s / 3``, the members spread evenly over that period (by a hash of their
+        ids) so that a large fleet's renewals never arrive in one burst."""
+        period_s = self.lease_s / 3
         next_refresh_s = self._clock.monotonic()
         while True:
+            now_s = self._clock.monotonic()
             try:
-                if self._clock.monotonic() >= next_refresh_s:
-                    next_refresh_s = self._clock.monotonic() + self.refresh_s
+                if now_s >= next_refresh_s:
+                    next_refresh_s = now_s + self.refresh_s
                     await self.discover()
-                await self.renew_all()
+                self._renew_due(self._clock.monotonic(), period_s)
             except Exception:  # the worker loop: a failed round is logged, the next one runs
                 log.exception("peers: membership round failed")
-            await asyncio.sleep(self.lease_s / 3)
+            wake_s = min([next_refresh_s, *self._due.values()], default=next_refresh_s)
+            await asyncio.sleep(max(0.005, wake_s - self._clock.monotonic()))
+
+    def _renew_due(self, now_s: float, period_s: float) -> None:
+        """Start the renewals that are due; a new member's first one is due at its phase."""
+        for member in self.active():
+            due_s = self._due.get(member.node_id)
+            if due_s is None:
+                phase = zlib.crc32(member.node_id.encode()) / 2**32
+                due_s = self._due[member.node_id] = now_s + phase * period_s
+            if due_s <= now_s:
+                self._due[member.node_id] = max(due_s + period_s, now_s + period_s / 2)
+                self._renew_in_background(member)
+        for node_id in [n for n in self._due if n not in self.members or self.members[n].has_left]:
+            del self._due[node_id]
 
     async def discover(self) -> None:
         """Ask ``hello`` of every discovered address not known to be a member (or us)."""
@@ -209,8 +229,17 @@ class Membership:
         self.admit(info, address)
 
     def admit(self, info: NodeInfo, address: str) -> Member:
-        """A node said who it is (hello, or its own lease request): add or update it."""
+        """A node said who it is (hello, or its own lease request): add or update it. It is
+        written to the journal only when what is remembered changes (a lease request comes
+        every second from every member)."""
         member = self.members.get(info.node_id)
+        if member is not None and (
+            member.address == address
+            and not member.has_left
+            and member.info is not None
+            and member.info.incarnation == info.incarnation
+        ):
+            return member
         if member is None:
             member = self.members[info.node_id] = Member(info.node_id, address, info)
             log.info("peers: %s joined at %s", info.node_id, address)
@@ -234,10 +263,13 @@ class Membership:
         """Start a renewal with every active member that has none in flight (a member that
         does not answer holds up nobody else's renewal)."""
         for member in self.active():
-            if member.node_id not in self._renewing:
-                task = asyncio.create_task(self.renew(member))
-                self._renewing[member.node_id] = task
-                task.add_done_callback(functools.partial(self._renewed, member.node_id))
+            self._renew_in_background(member)
+
+    def _renew_in_background(self, member: Member) -> None:
+        if member.node_id not in self._renewing:
+            task = asyncio.create_task(self.renew(member))
+            self._renewing[member.node_id] = task
+            task.add_done_callback(functools.partial(self._renewed, member.node_id))
 
     def _renewed(self, node_id: str, task: asyncio.Task[LeaseGrant | None]) -> None:
         if self._renewing.get(node_id) is task:
