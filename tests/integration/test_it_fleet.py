@@ -24,6 +24,7 @@ from harness import (
     REPO_ROOT,
     UPSTREAM_SECRET_KEY,
     GatewayProcess,
+    crc32_b64,
     error_code,
     flush_state,
     http_request,
@@ -104,7 +105,9 @@ def test_reads_on_any_node_see_what_another_node_holds(fleet: list[Any], bucket:
     a, b, c = fleet
     key, data = "ckpt/step_1/rank_1.pt", payload(300_000, "rank1")
     with b.flush_paused():
-        b.client().put_object(Bucket=bucket, Key=key, Body=data, Metadata={"rank": "1"})
+        b.client().put_object(
+            Bucket=bucket, Key=key, Body=data, Metadata={"rank": "1"}, ChecksumAlgorithm="CRC32"
+        )
         for gw in (a, c):
             s3 = gw.client()
             got = s3.get_object(Bucket=bucket, Key=key)
@@ -112,8 +115,9 @@ def test_reads_on_any_node_see_what_another_node_holds(fleet: list[Any], bucket:
             assert got["Metadata"] == {"rank": "1"}
             assert flush_state(got) == "pending"
             assert got["ResponseMetadata"]["HTTPHeaders"]["x-gateway-node"] == "b"
-            head = s3.head_object(Bucket=bucket, Key=key)
+            head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
             assert head["ContentLength"] == len(data)
+            assert head["ChecksumCRC32"] == crc32_b64(data)
             part = s3.get_object(Bucket=bucket, Key=key, Range="bytes=1000-1999")
             assert read_body(part) == data[1000:2000]
             assert part["ContentRange"] == f"bytes 1000-1999/{len(data)}"
