@@ -158,6 +158,28 @@ def test_a_peer_delete_is_a_delete_everywhere(fleet: list[Any], bucket: str) -> 
     assert "d/k" not in upstream_objects(fleet_upstream(a), bucket)
 
 
+def test_a_copy_on_one_node_of_what_another_holds(fleet: list[Any], bucket: str) -> None:
+    a, b, _ = fleet
+    data = payload(100_000, "copy-src")
+    with b.flush_paused():
+        b.client().put_object(Bucket=bucket, Key="cp/src", Body=data)
+        copied = a.client().copy_object(
+            Bucket=bucket, Key="cp/dst", CopySource={"Bucket": bucket, "Key": "cp/src"}
+        )
+        assert copied["CopyObjectResult"]["ETag"] == quoted_md5(data)
+        assert read_body(a.client().get_object(Bucket=bucket, Key="cp/dst")) == data
+        with pytest.raises(ClientError) as failed:
+            a.client().copy_object(
+                Bucket=bucket,
+                Key="cp/dst2",
+                CopySource={"Bucket": bucket, "Key": "cp/src"},
+                CopySourceIfMatch='"0000"',
+            )
+        assert error_code(failed.value) == "PreconditionFailed"
+    a.drained(bucket=bucket)
+    assert upstream_objects(fleet_upstream(a), bucket)["cp/dst"]["ETag"] == quoted_md5(data)
+
+
 def test_conditional_writes_see_what_peers_hold(fleet: list[Any], bucket: str) -> None:
     a, b, _ = fleet
     with b.flush_paused():
