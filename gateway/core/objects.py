@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from gateway import metrics
 from gateway.clock import Clock
@@ -31,9 +31,9 @@ from gateway.core.heads import ObjectBody, ObjectHead, ReadOptions
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.integrity import MEMO_ENTRIES, BlobVerifier, blob_checks
 from gateway.core.ranges import ByteRange, parse_content_range, part_range, resolve_range
-from gateway.core.writes import fleet_writing
+from gateway.core.writes import TeeBody, commit_replicas, fleet_writing, replicas_aborted
 from gateway.errors import InternalError, InvalidRange, NoSuchKey, NotModified
-from gateway.fleet.view import FleetView, PeerError, PeerHead
+from gateway.fleet.view import FleetView, Holder, PeerError, PeerHead, ReplicaWriter
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore, Ingested
 from gateway.store.integrity import body_digests, check_bytes
@@ -93,14 +93,16 @@ class ObjectService:
 
     async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:
         async with fleet_writing(self._fleet, req.bucket, req.key) as announced:
-            blob, checksums = await ingest(
-                self._blobs,
-                req,
-                body,
-                max_bytes=self._max_object_bytes,
-                inline_max_bytes=self._inline_max_bytes,
-            )
-            return await self._commit_put(req, blob, checksums, check, announced)
+            replica = self._fleet.replicate(req.bucket, req.key) if self._fleet else None
+            with replicas_aborted(replica):
+                blob, checksums = await ingest(
+                    self._blobs,
+                    req,
+                    body if replica is None else TeeBody(body, replica),
+                    max_bytes=self._max_object_bytes,
+                    inline_max_bytes=self._inline_max_bytes,
+                )
+            return await self._commit_put(req, blob, checksums, check, announced, replica)
 
     async def _commit_put(
         self,
@@ -109,8 +111,12 @@ class ObjectService:
         checksums: Mapping[str, str],
         check: RowCheck | None,
         announced: Awaitable[None],
+        replica: ReplicaWriter | None = None,
     ) -> ObjectMeta:
         try:
+            holders: Sequence[Holder] = ()
+            if replica is not None:  # durable on the holders before anything commits here
+                holders = await replica.staged(blob.digests["md5"].hex(), blob.size_bytes)
             await announced  # the fleet knows the key's directory before it is acked
             meta = ObjectMeta(
                 bucket=req.bucket,
@@ -123,13 +129,15 @@ class ObjectService:
                 headers=req.headers,
                 checksums=checksums,
             )
-            _, superseded = await self._journal.commit_put(
+            row, superseded = await self._journal.commit_put(
                 meta, blob.blob_id, self._clock.wall(), check, crc32c=blob.crc32c, body=blob.body
             )
         except BaseException:
             await asyncio.shield(self._blobs.discard(blob.blob_ids))
             raise
         await self._blobs.discard(superseded)
+        if replica is not None:  # committed here; acknowledged once committed there too
+            await commit_replicas(replica, holders, row, stage_ids=[replica.stage_id])
         return meta
 
     async def write_guard(self, bucket: str, key: str, cond: Preconditions) -> RowCheck | None:
@@ -166,9 +174,12 @@ class ObjectService:
         validate_key(key)
         await self._buckets.require(bucket)
         async with fleet_writing(self._fleet, bucket, key) as announced:
+            replica = self._fleet.replicate(bucket, key) if self._fleet else None
             await announced
-            _, superseded = await self._journal.commit_delete(bucket, key, self._clock.wall())
+            row, superseded = await self._journal.commit_delete(bucket, key, self._clock.wall())
         await self._blobs.discard(superseded)
+        if replica is not None:
+            await commit_replicas(replica, replica.holders, row, is_delete=True)
 
     async def head_object(self, bucket: str, key: str, read: ReadOptions = _WHOLE) -> ObjectHead:
         validate_key(key)

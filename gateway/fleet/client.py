@@ -27,6 +27,7 @@ from gateway.fleet.wire import (
     LeaseRequest,
     NodeInfo,
     PeerRow,
+    ReplicaCommit,
     WireError,
 )
 from gateway.models import ObjectMeta
@@ -173,6 +174,62 @@ class PeerClient:
         if not isinstance(answer, dict) or not isinstance(answer.get("paths"), dict):
             raise PeerUnavailable("figures: bad answer")
         return {str(k): v for k, v in answer["paths"].items() if isinstance(v, dict)}
+
+    async def replica_body(
+        self,
+        address: str,
+        owner: str,
+        stage_id: str,
+        bucket: str,
+        key: str,
+        upload: tuple[str, int] | None,
+        body: AsyncIterator[bytes],
+        timeout_s: float,
+    ) -> tuple[str, int]:
+        path = PATH_PREFIX + "replica/body"
+        params = {"owner": owner, "stage": stage_id, "bucket": bucket, "key": key}
+        if upload is not None:
+            params.update({"upload": upload[0], "part": str(upload[1])})
+        query = urllib.parse.urlencode(params)
+        headers = self._signed("PUT", path, query, None)  # streamed: its digests protect it
+        url = yarl.URL(f"{self._scheme}://{address}{path}?{query}", encoded=True)
+        timeout = aiohttp.ClientTimeout(connect=timeout_s, sock_read=timeout_s)
+        try:
+            async with self._client().put(url, data=body, headers=headers, timeout=timeout) as resp:
+                payload = await resp.read()
+                if resp.status != 200:
+                    raise PeerUnavailable(f"replica: HTTP {resp.status} {payload[:200]!r}")
+                doc = json.loads(payload)
+                return str(doc["md5"]), int(doc["size"])
+        except PeerUnavailable:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError) as exc:
+            raise PeerUnavailable(f"replica: {type(exc).__name__}: {exc}") from None
+
+    async def replica_commit(
+        self, address: str, commit: ReplicaCommit, timeout_s: float
+    ) -> list[str]:
+        answer = await self._call(address, "replica/commit", commit.to_json(), timeout_s)
+        missing = answer.get("missing") if isinstance(answer, dict) else None
+        if not isinstance(missing, list):
+            raise PeerUnavailable("replica commit: bad answer")
+        return [str(m) for m in missing]
+
+    async def replica_drop(
+        self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
+    ) -> None:
+        doc = {"owner": owner, "datadir_id": datadir_id, "seqs": list(seqs)}
+        await self._call(address, "replica/drop", doc, timeout_s)
+
+    async def replica_needed(
+        self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
+    ) -> list[int]:
+        doc = {"owner": owner, "datadir_id": datadir_id, "seqs": list(seqs)}
+        answer = await self._call(address, "replica/needed", doc, timeout_s)
+        needed = answer.get("needed") if isinstance(answer, dict) else None
+        if not isinstance(needed, list):
+            raise PeerUnavailable("replica needed: bad answer")
+        return [int(n) for n in needed]
 
     async def list_rows(
         self, address: str, bucket: str, prefix: str, after: str, limit: int, timeout_s: float

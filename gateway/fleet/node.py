@@ -20,6 +20,8 @@ from gateway.clock import Clock
 from gateway.fleet.directory import LocalDirectory, WriteIntent
 from gateway.fleet.fence import FleetFence, Hold, NodeDrain
 from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
+from gateway.fleet.replication import ReplicaPolicy, Replication, ReplicaWrite
+from gateway.fleet.takeover import Takeover, UploadClaims
 from gateway.fleet.transport import PeerHead, PeerRead, PeerTransport, PeerUnavailable
 from gateway.fleet.view import HoldHandle
 from gateway.fleet.wire import DirChange, LeaseGrant, LeaseRequest, NodeInfo, PeerRow
@@ -37,6 +39,9 @@ class FleetConfig:
     refresh_s: float = 10.0  # discovery is asked again this often
     timeout_s: float = 2.0  # hello, announcements, goodbyes
     read_timeout_s: float = 2.0  # a peer read's answer (its head)
+    replicas: int = 0  # --replicas: holders an acknowledgement needs (0: none)
+    replica_strict: bool = True  # --replica-policy strict (else degrade)
+    peer_timeout_s: float = 30.0  # a member silent this long is lost (its replicas taken over)
 
 
 class Fleet:
@@ -70,6 +75,14 @@ class Fleet:
         )
         self.directory = LocalDirectory(me, clock, transport.announce, lease_s=config.lease_s)
         self.fence = FleetFence(self.membership, transport, clock)
+        self.replication: Replication | None = None
+        # With replicas (set by the composition root): the holders' loop, the flusher's
+        # claims.
+        self.takeover: Takeover | None = None
+        self.claims: UploadClaims | None = None
+        if config.replicas > 0:
+            policy = ReplicaPolicy(config.replicas, config.replica_strict)
+            self.replication = Replication(me, self.membership, transport, policy)
         self._tasks: list[asyncio.Task[None]] = []
         self._is_stopped = False
         self.read_fallbacks = 0
@@ -90,6 +103,8 @@ class Fleet:
             asyncio.create_task(self.membership.run(), name="fleet membership"),
             asyncio.create_task(self._tick(), name="fleet directory"),
         ]
+        if self.takeover is not None:
+            self._tasks.append(asyncio.create_task(self.takeover.run(), name="fleet takeover"))
 
     async def _tick(self) -> None:
         while True:
@@ -136,6 +151,13 @@ class Fleet:
         self.directory.forget_holder(node.node_id)
 
     # -- FleetView ------------------------------------------------------------------------
+
+    def replicate(
+        self, bucket: str, key: str, upload: tuple[str, int] | None = None
+    ) -> ReplicaWrite | None:
+        if self.replication is None:
+            return None
+        return self.replication.start(bucket, key, upload=upload)
 
     def writing(self, bucket: str, key: str) -> contextlib.AbstractAsyncContextManager[WriteIntent]:
         return self.directory.writing(bucket, key)

@@ -8,12 +8,13 @@ None and never touch the fleet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from gateway.fleet.transport import PeerError, PeerHead, PeerRead
 from gateway.fleet.wire import PeerRow
+from gateway.models import ObjectMeta
 
 __all__ = [
     "FleetView",
@@ -37,7 +38,51 @@ class WriteReady(Protocol):
         ...
 
 
+class Holder(Protocol):
+    @property
+    def node_id(self) -> str: ...
+
+
+class ReplicaWriter(Protocol):
+    """One write's replicas (``--replicas``): the body through ``tee``, then ``staged``
+    (which holders have it; strict policy: SlowDown when too few, before anything is
+    committed here), then, after the local commit, ``commit`` (SlowDown when too few
+    committed under the strict policy; the write then stays here, unacknowledged)."""
+
+    @property
+    def stage_id(self) -> str: ...
+
+    @property
+    def holders(self) -> Sequence[Holder]: ...
+
+    def tee(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]: ...
+
+    async def staged(self, md5_hex: str, size_bytes: int) -> Sequence[Holder]: ...
+
+    def abort(self) -> None: ...
+
+    async def commit(
+        self,
+        holders: Sequence[Holder],
+        seq: int,
+        meta: ObjectMeta,
+        acked_s: float,
+        *,
+        is_delete: bool = False,
+        stage_ids: Sequence[str] = (),
+        parts: Sequence[tuple[int, str]] = (),
+        resend: Callable[[str], AsyncIterator[bytes]] | None = None,
+    ) -> int: ...
+
+
 class FleetView(Protocol):
+    def replicate(
+        self, bucket: str, key: str, upload: tuple[str, int] | None = None
+    ) -> ReplicaWriter | None:
+        """The replicas of one write (None without --replicas). Raises SlowDown when the
+        strict policy cannot be met now."""
+        ...
+
     def writing(self, bucket: str, key: str) -> AbstractAsyncContextManager[WriteReady]:
         """Enter before a write of ``key`` starts, leave after it is committed (or failed)."""
         ...
@@ -101,3 +146,15 @@ class MarkerHolds(Protocol):
     def cancel(self, handle: HoldHandle) -> None:
         """The marker's version left pending: stop asking."""
         ...
+
+
+class UploadClaims(Protocol):
+    """With replicas on (docs/fleet.md, "Takeover"): one uploader per version."""
+
+    async def before_upload(self, bucket: str, key: str, seq: int) -> str:
+        """``upload`` (this node won the claim), ``done`` (another uploaded it) or ``wait``
+        (another, not lost, holds the claim). Raises a FlushError when the bucket cannot
+        be asked."""
+        ...
+
+    async def after_upload(self, bucket: str, seq: int) -> None: ...

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.models import ObjectMeta, meta_from_json, meta_to_json
+
 PATH_PREFIX = "/_gateway/peer/v1/"
 
 
@@ -208,6 +210,9 @@ class DrainRequest:
     prefix: str
     wait_s: float
     exclude_markers: bool = False
+    # Not this node's own writes: the replicas it holds of this lost writer's (data dir's).
+    owner: str | None = None
+    owner_datadir: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -215,6 +220,8 @@ class DrainRequest:
             "prefix": self.prefix,
             "wait_s": self.wait_s,
             "exclude_markers": self.exclude_markers,
+            "owner": self.owner,
+            "owner_datadir": self.owner_datadir,
         }
 
     @classmethod
@@ -228,6 +235,8 @@ class DrainRequest:
             _field(doc, "prefix", str),
             wait_s,
             bool(_field(doc, "exclude_markers", bool)),
+            _optional_str(doc, "owner"),
+            _optional_str(doc, "owner_datadir"),
         )
 
 
@@ -305,4 +314,57 @@ class PeerRow:
             _number({"m": modified}, "m"),
             _number({"a": acked}, "a"),
             bool(is_delete),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaCommit:
+    """The writer commits a version on a holder: its identity (writer, data dir, seq), its
+    metadata, and the staged bodies it is made of (in part order; none for a delete)."""
+
+    owner: str
+    datadir_id: str
+    seq: int
+    meta: ObjectMeta
+    is_delete: bool
+    stage_ids: tuple[str, ...]
+    parts: tuple[tuple[int, str], ...]  # (size, etag) of each part of a multipart object
+    acked_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner,
+            "datadir_id": self.datadir_id,
+            "seq": self.seq,
+            "meta": meta_to_json(self.meta),
+            "is_delete": self.is_delete,
+            "stage_ids": list(self.stage_ids),
+            "parts": [list(p) for p in self.parts],
+            "acked_s": self.acked_s,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ReplicaCommit:
+        doc = _object(raw)
+        ids, parts = doc.get("stage_ids"), doc.get("parts")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise WireError("stage_ids: expected strings")
+        if not isinstance(parts, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and isinstance(p[1], str)
+            for p in parts
+        ):
+            raise WireError("parts: expected [size, etag] pairs")
+        try:
+            meta = meta_from_json(_object(doc.get("meta")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError(f"meta: {exc}") from None
+        return cls(
+            _field(doc, "owner", str),
+            _field(doc, "datadir_id", str),
+            _field(doc, "seq", int),
+            meta,
+            _field(doc, "is_delete", bool),
+            tuple(ids),
+            tuple((int(a), str(b)) for a, b in parts),
+            _number(doc, "acked_s"),
         )

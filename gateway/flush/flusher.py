@@ -48,7 +48,7 @@ from typing import BinaryIO, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
-from gateway.fleet.view import MarkerHolds
+from gateway.fleet.view import MarkerHolds, UploadClaims
 from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
@@ -124,6 +124,7 @@ class Flusher:
         bandwidth_burst_bytes: int = 0,
         multipart_threshold_bytes: int = 64 << 20,
         marker_holds: MarkerHolds | None = None,
+        claims: UploadClaims | None = None,
     ) -> None:
         self._journal = journal
         self._queue = FlushQueue(journal)
@@ -138,6 +139,7 @@ class Flusher:
         self.policy = FlushPolicy(policy or PolicyConfig(write_back_delay_s=0.0), self.lanes)
         # In a fleet, commit markers also wait for every other gateway (fleet/fence.py).
         self.order = FlushOrder(self.policy, journal.figures, marker_holds)
+        self._claims = claims  # with replicas: one uploader per version (fleet/claims.py)
         self.progress = FlushProgress(clock.monotonic)  # bytes in flight, measured rates
         self._is_attached = False
         now_s = clock.monotonic()
@@ -370,8 +372,12 @@ class Flusher:
             reason = None if obj.is_delete else unsendable(obj.meta)
             if reason is not None:
                 raise Fatal(reason)
+            if not await self._claimed(obj):  # with replicas: uploaded by another gateway
+                return await self._record_durable(obj)
             with self.progress.upload(obj.meta.bucket, obj.meta.key, obj.meta.size_bytes):
                 await self._upload(obj, lane)
+            if self._claims is not None:
+                await self._claims.after_upload(obj.meta.bucket, obj.seq)
         except _Superseded:
             return
         except Exception as exc:  # the worker loop: every failure is recorded, none escapes
@@ -379,6 +385,20 @@ class Flusher:
                 log.exception("error flushing %s", _name(obj))
             await self._on_failure(obj, lane, for_flush(exc))
             return
+        await self._record_durable(obj)
+
+    async def _claimed(self, obj: LocalObject) -> bool:
+        """With replicas on (docs/fleet.md, "Takeover"): claim the version before its
+        upload. False: another gateway uploaded it (it is durable); a claim held by a live
+        gateway is retried later (it is uploading it)."""
+        if self._claims is None:
+            return True
+        decision = await self._claims.before_upload(obj.meta.bucket, obj.meta.key, obj.seq)
+        if decision == "wait":
+            raise Retryable("another gateway holds the upload's claim: it uploads it")
+        return decision == "upload"
+
+    async def _record_durable(self, obj: LocalObject) -> None:
         self._uploads_ok += 1
         try:
             is_recorded = await self._queue.mark_durable(obj)

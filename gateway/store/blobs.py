@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from gateway.checksums import Hasher, new_hasher
 from gateway.errors import EntityTooLarge, SlowDown
@@ -456,3 +457,22 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def open_bodies(blobs: BlobStore, blob_ids: Sequence[str]) -> list[BinaryIO]:
+    """Open every body file of a version (blocking: call in a thread); none is left open
+    when one is missing (FileNotFoundError)."""
+    opened: list[BinaryIO] = []
+    try:
+        for blob_id in blob_ids:
+            opened.append(blobs.path(blob_id).open("rb"))
+    except BaseException:
+        close_bodies(opened)
+        raise
+    return opened
+
+
+def close_bodies(files: Sequence[BinaryIO]) -> None:
+    for f in files:
+        with contextlib.suppress(OSError):
+            f.close()

@@ -34,7 +34,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
-from gateway.errors import NoSuchBucket, S3Error
+from gateway.errors import NoSuchBucket, NoSuchKey, S3Error
 from gateway.metrics import UPSTREAM_REQUESTS
 from gateway.models import (
     BucketInfo,
@@ -43,7 +43,7 @@ from gateway.models import (
     ObjectMeta,
     PartAttributes,
 )
-from gateway.upstream.classify import FlushError, for_client, for_flush
+from gateway.upstream.classify import ConditionFailed, FlushError, for_client, for_flush
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -610,6 +610,62 @@ class AiobotocoreUpstream:
         if location:
             params["CreateBucketConfiguration"] = {"LocationConstraint": location}
         await self._call(lambda: self._client.create_bucket(**params))
+
+    # -- conditional writes: the fleet's claims (docs/fleet.md, "Node loss") -------------
+    # FlushError only (ConditionFailed for a 412), like the other write calls.
+
+    async def put_if_absent(self, bucket: str, key: str, body: bytes) -> bool:
+        """PUT ``body`` with ``If-None-Match: *``: True when created, False when the key
+        already existed (412)."""
+        try:
+            await self._client.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
+        except Exception as exc:
+            error = for_flush(exc)
+            if isinstance(error, ConditionFailed):
+                return False
+            raise error from exc
+        return True
+
+    async def get_small(self, bucket: str, key: str) -> bytes | None:
+        """The whole body of a small object, or None when there is none."""
+        try:
+            resp = await self._client.get_object(Bucket=bucket, Key=key)
+            async with resp["Body"] as stream:
+                return bytes(await stream.read())
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise for_flush(exc) from exc
+        except Exception as exc:
+            raise for_flush(exc) from exc
+
+    async def state_of(self, bucket: str, key: str) -> tuple[str, float] | None:
+        """(ETag, Last-Modified wall seconds) of the key in the bucket, or None."""
+        try:
+            head = await self.head_object(bucket, key)
+        except NoSuchKey:
+            return None
+        return head.etag, head.last_modified_s
+
+    async def put_object_if(self, meta: ObjectMeta, body: BinaryIO, etag: str | None) -> str:
+        """``put_object`` only if the key is still as it was: ``If-Match: etag``, or
+        ``If-None-Match: *`` for None. ConditionFailed when it is not."""
+        raw = _RAW_HEADERS.set(_raw_headers(meta))
+        condition = {"IfMatch": f'"{etag}"'} if etag is not None else {"IfNoneMatch": "*"}
+        try:
+            resp = await self._client.put_object(
+                Body=body,
+                ContentLength=meta.size_bytes,
+                ContentMD5=_b64_md5(meta.etag),
+                **_checksum_params(meta),
+                **_object_params(meta),
+                **condition,
+            )
+        except Exception as exc:
+            raise for_flush(exc) from exc
+        finally:
+            _RAW_HEADERS.reset(raw)
+        return str(resp.get("ETag", "")).strip('"')
 
     async def delete_bucket(self, bucket: str) -> None:
         await self._call(lambda: self._client.delete_bucket(Bucket=bucket))

@@ -1,0 +1,138 @@
+"""The peer API's replica operations (docs/fleet.md, "Node loss"): a holder staging bodies
+and committing versions for their writer, dropping them, and a writer saying which of its
+versions it still needs held. Registered by ``api.install`` when replicas are configured.
+
+- ``PUT replica/body?owner=&stage=&bucket=&key=[&upload=&part=]``: the body, streamed; it
+  is written, fsynced and staged here within the node's capacity (503 when there is no
+  room: the writer leaves this holder out); answers ``{"md5", "size"}``.
+- ``POST replica/commit`` (``wire.ReplicaCommit``): ``{"missing": [stage ids]}``; empty:
+  committed (durable here before the answer).
+- ``POST replica/drop`` ``{"owner", "datadir_id", "seqs"}``: those versions go.
+- ``POST replica/needed`` (asked of the writer) ``{"owner", "datadir_id", "seqs"}``:
+  ``{"needed": [...]}``, the versions not yet durable upstream and not superseded here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from gateway.core.cache import admitted
+from gateway.errors import S3Error
+from gateway.fleet.api_base import PEER_SIDE, PeerSide, refused, verified
+from gateway.fleet.wire import DrainAnswer, DrainRequest, ReplicaCommit, WireError
+
+log = logging.getLogger(__name__)
+_BODY_PIECE_BYTES = 1 << 20
+_MAX_BODY_BYTES = 5 << 30
+
+
+async def replica_body(request: web.Request) -> web.StreamResponse:
+    side = request.app[PEER_SIDE]
+    if verified(side, request, None) is None:
+        return refused("not a signed request of this fleet")
+    held = side.held
+    q = request.query
+    owner, stage, bucket, key = q.get("owner"), q.get("stage"), q.get("bucket"), q.get("key")
+    if held is None or not owner or not stage or not bucket or key is None:
+        return web.json_response({"error": "InvalidRequest"}, status=400)
+    upload = None
+    if "upload" in q:
+        if not q.get("part", "").isdigit():
+            return web.json_response({"error": "InvalidRequest"}, status=400)
+        upload = (q["upload"], int(q["part"]))
+    size = request.content_length or 0
+    try:
+        blob = await admitted(
+            held.space,
+            size,
+            held.blobs.write(
+                request.content.iter_chunked(_BODY_PIECE_BYTES), {"md5"}, max_bytes=_MAX_BODY_BYTES
+            ),
+        )
+    except S3Error as exc:  # no room here (SlowDown), too large: the writer leaves us out
+        return web.json_response({"error": exc.code, "message": exc.message}, status=exc.status)
+    md5 = blob.digests["md5"].hex()
+    stale = await held.store.stage(
+        stage,
+        owner,
+        bucket,
+        key,
+        blob.blob_id,
+        blob.size_bytes,
+        md5,
+        blob.crc32c,
+        side.clock.wall(),
+        upload,
+    )
+    await held.blobs.discard(stale)
+    return web.json_response({"md5": md5, "size": blob.size_bytes})
+
+
+async def replica_commit(side: PeerSide, doc: Any, request: web.Request) -> Any:
+    held = side.held
+    if held is None:
+        raise WireError("this gateway holds no replicas (--replicas 0)")
+    commit = ReplicaCommit.from_json(doc)
+    expected = _expected_md5(commit)
+    missing, superseded = await held.store.commit(
+        commit.owner,
+        commit.datadir_id,
+        commit.seq,
+        commit.meta,
+        commit.is_delete,
+        commit.stage_ids,
+        commit.parts,
+        commit.acked_s,
+        expected,
+    )
+    await held.blobs.discard(superseded)
+    return {"missing": missing}
+
+
+def _expected_md5(commit: ReplicaCommit) -> list[str | None]:
+    """What each staged body must hash to: a part's ETag, or a single body's."""
+    if commit.parts:
+        return [etag for _, etag in commit.parts]
+    return [commit.meta.etag for _ in commit.stage_ids]
+
+
+def _seqs(doc: Any) -> tuple[str, str, list[int]]:
+    if not isinstance(doc, dict):
+        raise WireError("expected an object")
+    owner, datadir, seqs = doc.get("owner"), doc.get("datadir_id"), doc.get("seqs")
+    if not isinstance(owner, str) or not isinstance(datadir, str):
+        raise WireError("owner and datadir_id: expected strings")
+    if (
+        not isinstance(seqs, list)
+        or not all(isinstance(s, int) for s in seqs)
+        or len(seqs) > 10_000
+    ):
+        raise WireError("seqs: expected at most 10,000 integers")
+    return owner, datadir, seqs
+
+
+async def replica_drop(side: PeerSide, doc: Any, request: web.Request) -> Any:
+    held = side.held
+    if held is None:
+        return None
+    owner, datadir, seqs = _seqs(doc)
+    await held.blobs.discard(await held.store.drop(owner, datadir, seqs))
+    return None
+
+
+async def replica_needed(side: PeerSide, doc: Any, request: web.Request) -> Any:
+    owner, datadir, seqs = _seqs(doc)
+    if owner != side.fleet.me.node_id or datadir != side.fleet.me.datadir_id:
+        return {"needed": []}  # another incarnation's versions: none is needed by this one
+    return {"needed": sorted(await side.journal.unflushed_seqs(seqs))}
+
+
+async def owner_drain(side: PeerSide, ask: DrainRequest) -> DrainAnswer:
+    """Replicas of the lost writer ``ask.owner`` under the prefix not uploaded yet here."""
+    takeover = side.fleet.takeover
+    if takeover is None:  # no replicas here: nothing of anyone's is held
+        return DrainAnswer(side.fleet.me, True, 0, 0)
+    return await takeover.owner_answer(ask)

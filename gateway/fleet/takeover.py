@@ -1,0 +1,265 @@
+"""Takeover (docs/fleet.md, "Takeover"): the members holding a lost writer's replicas upload
+them, exactly one per version (``claims.py``), never an older version over a newer one.
+
+- ``UploadClaims`` is what the flusher asks of every upload when replicas are on: claim the
+  version first (its writer claims like anyone: a member may have taken it over while this
+  node was cut off), and mark it done after.
+- ``Takeover.run`` is the holders' loop: every few seconds, for each writer it holds
+  replicas of that is lost (silent for ``peer_timeout_s``, or back with a new data dir),
+  claim and upload each version; and, for writers that are not lost, ask which versions
+  they still need held (``replica/needed``) and drop the rest.
+
+Loop-bound; blocking file work in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from gateway import metrics
+from gateway.clock import Clock
+from gateway.fleet.claims import Claims, Outcome, Version
+from gateway.fleet.membership import Membership
+from gateway.fleet.transport import PeerTransport, PeerUnavailable
+from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo
+from gateway.store.blobs import BlobStore, close_bodies, open_bodies
+from gateway.store.replicas import Replica, ReplicaStore
+from gateway.upstream.classify import ConditionFailed, FlushError
+from gateway.upstream.client import AiobotocoreUpstream, PartSource
+
+log = logging.getLogger(__name__)
+_ROUND_S = 5.0  # how often lost writers are looked for
+_NEEDED_EVERY_S = 30.0  # how often a live writer is asked which replicas it still needs
+_STAGED_TTL_S = 24 * 3600.0  # a staged body never committed is dropped after this
+# A version is older than what the bucket holds when the bucket's copy was written this
+# long after the version's acknowledgement (the clocks of the bucket and the writer differ).
+_NEWER_MARGIN_S = 2.0
+
+
+class Decision(enum.Enum):
+    UPLOAD = "upload"
+    DONE = "done"  # uploaded by another node: nothing to send, it is durable
+    WAIT = "wait"  # another node, not lost, holds the claim: look again later
+
+
+class UploadClaims:
+    """The flusher's side of claims (see the module docstring)."""
+
+    def __init__(self, claims: Claims, me: NodeInfo) -> None:
+        self._claims = claims
+        self._me = me
+
+    async def before_upload(self, bucket: str, key: str, seq: int) -> str:
+        claim = await self._claims.claim(
+            Version(bucket, self._me.node_id, self._me.datadir_id, seq)
+        )
+        if claim.outcome is Outcome.DONE:
+            log.info("%s/%s seq=%d was uploaded by another gateway (taken over)", bucket, key, seq)
+            return Decision.DONE.value
+        if claim.outcome is Outcome.HELD:
+            return Decision.WAIT.value
+        return Decision.UPLOAD.value
+
+    async def after_upload(self, bucket: str, seq: int) -> None:
+        await self._claims.done(Version(bucket, self._me.node_id, self._me.datadir_id, seq))
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverConfig:
+    peer_timeout_s: float = 30.0
+    is_marker: Callable[[str], bool] = lambda key: False
+
+
+class Takeover:
+    """The holders' loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        me: NodeInfo,
+        membership: Membership,
+        transport: PeerTransport,
+        store: ReplicaStore,
+        blobs: BlobStore,
+        upstream: AiobotocoreUpstream,
+        claims: Claims,
+        clock: Clock,
+        config: TakeoverConfig,
+        held_bytes: Callable[[], int],
+        wait_fleet_drained: Callable[[str, str], Awaitable[bool]] | None = None,
+    ) -> None:
+        self._me = me
+        self._membership = membership
+        self._transport = transport
+        self._store = store
+        self._blobs = blobs
+        self._upstream = upstream
+        self._claims = claims
+        self._clock = clock
+        self._config = config
+        self._held_bytes = held_bytes
+        self._wait_drained = wait_fleet_drained
+        self._asked_s: dict[tuple[str, str], float] = {}
+
+    def is_lost(self, node_id: str, datadir_id: str | None = None) -> bool:
+        """Lost by this node's view: not a member (forgotten), back with another data dir
+        than ``datadir_id``, or silent for ``peer_timeout_s``."""
+        if node_id == self._me.node_id:
+            return datadir_id is not None and datadir_id != self._me.datadir_id
+        member = self._membership.get(node_id)
+        if member is None:
+            return True
+        if (
+            datadir_id is not None
+            and member.info is not None
+            and member.info.datadir_id != datadir_id
+        ):
+            return member.info.started_s > 0  # it answered since, from another data dir
+        since = member.unreachable_since_s
+        return (
+            member.is_reachable is False
+            and since is not None
+            and self._clock.monotonic() - since >= self._config.peer_timeout_s
+        )
+
+    async def owner_answer(self, ask: DrainRequest) -> DrainAnswer:
+        """This node's part of a lost writer's drain: its replicas of ``ask.owner`` under
+        the prefix not uploaded yet (markers aside, when asked)."""
+        assert ask.owner is not None
+        left = [
+            r
+            for r in await self._store.of_owner(ask.owner, ask.owner_datadir)
+            if not r.is_uploaded
+            and r.meta.key.startswith(ask.prefix)
+            and (ask.bucket is None or r.meta.bucket == ask.bucket)
+            and not (ask.exclude_markers and self._config.is_marker(r.meta.key))
+        ]
+        size = sum(r.meta.size_bytes for r in left)
+        return DrainAnswer(self._me, not left, len(left), size)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except Exception:  # the worker loop: logged, the next round runs
+                log.exception("takeover round failed")
+            await asyncio.sleep(_ROUND_S)
+
+    async def round(self) -> None:
+        """One look at every writer this node holds replicas for."""
+        await self._blobs.discard(
+            await self._store.drop_stale_staged(self._clock.wall() - _STAGED_TTL_S)
+        )
+        for owner, datadir, _, _ in await self._store.owners():
+            if self.is_lost(owner, datadir):
+                await self._take_over(owner, datadir)
+            else:
+                await self._forget_unneeded(owner, datadir)
+        metrics.REPLICA_HELD_BYTES.set(self._held_bytes())
+
+    async def _forget_unneeded(self, owner: str, datadir: str) -> None:
+        """Ask a live writer which of its versions held here it still needs."""
+        now_s = self._clock.monotonic()
+        if now_s - self._asked_s.get((owner, datadir), float("-inf")) < _NEEDED_EVERY_S:
+            return
+        member = self._membership.get(owner)
+        if member is None or not member.is_reachable:
+            return
+        held = await self._store.of_owner(owner, datadir)
+        if not held:
+            return
+        try:
+            needed = set(
+                await self._transport.replica_needed(
+                    member.address, owner, datadir, [r.seq for r in held], 10.0
+                )
+            )
+        except PeerUnavailable:
+            return
+        self._asked_s[(owner, datadir)] = now_s
+        done = [r.seq for r in held if r.seq not in needed]
+        if done:
+            await self._blobs.discard(await self._store.drop(owner, datadir, done))
+
+    async def _take_over(self, owner: str, datadir: str) -> None:
+        for replica in await self._store.of_owner(owner, datadir):
+            if replica.is_uploaded:
+                continue
+            if self._config.is_marker(replica.meta.key) and self._wait_drained is not None:
+                continue  # markers go last: see take_over_markers
+            await self._take_one(replica)
+        for replica in await self._store.of_owner(owner, datadir):
+            if not replica.is_uploaded and self._config.is_marker(replica.meta.key):
+                parent = replica.meta.key.rpartition("/")[0] + "/"
+                assert self._wait_drained is not None
+                if await self._wait_drained(replica.meta.bucket, parent):
+                    await self._take_one(replica)  # else: its directory is not drained yet
+
+    async def _take_one(self, replica: Replica) -> None:
+        version = Version(replica.meta.bucket, replica.owner, replica.datadir_id, replica.seq)
+        try:
+            claim = await self._claims.claim(version)
+            if claim.outcome is Outcome.HELD:
+                return
+            if claim.outcome is Outcome.WON:
+                await self._upload(replica)
+                await self._claims.done(version)
+                metrics.TAKEOVERS.inc()
+                log.warning(
+                    "took over %s/%s seq=%d of lost gateway %s",
+                    replica.meta.bucket,
+                    replica.meta.key,
+                    replica.seq,
+                    replica.owner,
+                )
+        except FlushError as exc:
+            log.warning(
+                "takeover of %s/%s: %s (next round)", replica.meta.bucket, replica.meta.key, exc
+            )
+            return
+        await self._store.mark_uploaded(*replica.version)
+        await self._blobs.discard(
+            await self._store.drop(replica.owner, replica.datadir_id, [replica.seq])
+        )
+
+    async def _upload(self, replica: Replica) -> None:
+        """Upload one version unless the bucket holds a newer one; guarded by the state
+        read (If-Match / If-None-Match) so nothing comes between."""
+        meta = replica.meta
+        for _ in range(3):
+            state = await self._upstream.state_of(meta.bucket, meta.key)
+            if state is not None and state[0] == meta.etag and not replica.is_delete:
+                return  # already there (its writer uploaded it before it was lost)
+            if state is not None and state[1] > replica.acked_s + _NEWER_MARGIN_S:
+                log.info(
+                    "%s/%s: the bucket holds a newer version; not taken over", meta.bucket, meta.key
+                )
+                return
+            try:
+                await self._send(replica, None if state is None else state[0])
+                return
+            except ConditionFailed:
+                continue  # the key changed between the read and the write: look again
+        raise FlushError(f"{meta.bucket}/{meta.key} keeps changing in the bucket")
+
+    async def _send(self, replica: Replica, etag: str | None) -> None:
+        meta = replica.meta
+        if replica.is_delete:
+            if etag is not None:
+                await self._upstream.delete_object(meta.bucket, meta.key)
+            return
+        files = await asyncio.to_thread(open_bodies, self._blobs, replica.blob_ids)
+        try:
+            if replica.parts:
+                sources = [
+                    PartSource(f, size, part_etag)
+                    for f, (size, part_etag) in zip(files, replica.parts, strict=True)
+                ]
+                await self._upstream.put_multipart(meta, sources)
+            else:
+                await self._upstream.put_object_if(meta, files[0], etag)
+        finally:
+            await asyncio.to_thread(close_bodies, files)
