@@ -491,8 +491,10 @@ async def _fleet(
         scheme = "https" if settings.tls_cert else "http"
         transport = PeerClient(node_id, secret, clock, scheme=scheme)
         stack.push_async_callback(transport.close)
+        listen = _split(settings.listen)
         config = FleetConfig(
-            port=_split(settings.listen).port,
+            port=listen.port,
+            self_address=f"{_reachable(listen.host)}:{listen.port}",
             lease_s=settings.peer_lease_s,
             refresh_s=settings.peer_refresh_s,
             read_timeout_s=settings.peer_read_timeout_s,
@@ -548,6 +550,15 @@ def _replicas(
     )
     fleet.takeover = takeover
     fleet.claims = UploadClaims(claims, me)
+
+
+def _reachable(host: str) -> str:
+    """How this process reaches its own listener bound to ``host``."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 def _lost_writers(settings: Settings, journal: Journal, flusher: Flusher, fleet: Fleet) -> None:

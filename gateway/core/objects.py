@@ -250,20 +250,43 @@ class ObjectService:
         or None when this node's row or the bucket has the version to serve."""
         if self._fleet is None:
             return None
+        headers = peers.forward_headers(read)
         nodes = self._fleet.candidates(bucket, key)
         if not nodes:
-            return None  # the usual case: no peer has anything unflushed in that directory
+            # A writer that cannot answer may hold it: its replicas can (--replicas).
+            if peers.is_unflushed(local):
+                return None
+            return await self._from_replicas(bucket, key, method, headers)
         node = await peers.newest_source(self._fleet, nodes, bucket, key, local)
         if node is None:
             return None
         try:
-            found = await self._fleet.read(node, bucket, key, method, peers.forward_headers(read))
+            found = await self._fleet.read(node, bucket, key, method, headers)
         except PeerError as exc:
             peers.raise_peer_error(exc)
         if found is None:
-            return None
+            # Not held there, or it did not answer: its replicas may (--replicas).
+            return (
+                None
+                if peers.is_unflushed(local)
+                else await self._from_replicas(bucket, key, method, headers)
+            )
         metrics.PEER_READS.inc()
         return peers.as_body(found)
+
+    async def _from_replicas(
+        self, bucket: str, key: str, method: str, headers: Mapping[str, str]
+    ) -> ObjectBody | None:
+        assert self._fleet is not None
+        for node in self._fleet.replica_candidates(bucket, key):
+            try:
+                found = await self._fleet.read(node, bucket, key, method, headers, replica=True)
+            except PeerError as exc:
+                peers.raise_peer_error(exc)
+            if found is not None:
+                metrics.PEER_READS.inc()
+                return peers.as_body(found)
+        return None
 
     async def _peer_version(
         self, bucket: str, key: str, local: LocalObject | None
@@ -287,6 +310,15 @@ class ObjectService:
         """This node's row of ``key`` if it is not durable upstream (the peer API)."""
         row = await self._journal.get(bucket, key)
         return row if peers.is_unflushed(row) else None
+
+    async def replica_read(
+        self, row: LocalObject, read: ReadOptions, *, with_body: bool
+    ) -> ObjectBody | None:
+        """A peer's read of a replica this node holds for another gateway (``row`` made
+        from it): as ``peer_read``, from the replica's bodies. None: they vanished."""
+        if not with_body:
+            return ObjectBody(select(row, read), NoBody())
+        return await self._serve_local(row, read)
 
     async def peer_read(
         self, bucket: str, key: str, read: ReadOptions, *, with_body: bool

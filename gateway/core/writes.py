@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from gateway import metrics
 from gateway.fleet.view import FleetView, Holder, ReplicaWriter
 from gateway.models import LocalObject, RequestBody
+from gateway.store.blobs import BlobStore
 
 
 def _done() -> asyncio.Future[None]:
@@ -119,3 +120,25 @@ async def commit_replicas(
         resend=resend,
     )
     metrics.REPLICA_LAG_S.observe(time.monotonic() - started_s)
+
+
+async def replicate_local(replica: ReplicaWriter, row: LocalObject, blobs: BlobStore) -> None:
+    """Replicate a version whose bodies are already on this node's disk (a copy): its
+    commit names bodies the holders lack, and they get them from here (``resend``)."""
+    sid = replica.stage_id
+    if row.parts:
+        ids = [f"{sid}.{n}" for n in range(1, len(row.parts) + 1)]
+        files = dict(zip(ids, (p.blob_id for p in row.parts), strict=True))
+        parts = [(p.size_bytes, p.etag) for p in row.parts]
+    else:
+        ids, parts = [sid], []
+        files = {sid: row.blob_id} if row.blob_id else {}
+
+    async def resend(stage_id: str) -> AsyncIterator[bytes]:
+        if stage_id in files:
+            async for piece in blobs.read_chunks(files[stage_id]):
+                yield piece
+        elif row.body:
+            yield row.body  # an inline body lives in the journal row
+
+    await commit_replicas(replica, replica.holders, row, stage_ids=ids, parts=parts, resend=resend)

@@ -29,7 +29,14 @@ from gateway.fleet.api_base import (
     refused,
     verified,
 )
-from gateway.fleet.client import ERROR_HEADER, HEAD_HEADER, HELD_HEADER, PART_HEADER, encode_head
+from gateway.fleet.client import (
+    ERROR_HEADER,
+    HEAD_HEADER,
+    HELD_HEADER,
+    PART_HEADER,
+    REPLICA_HEADER,
+    encode_head,
+)
 from gateway.fleet.transport import PeerHead
 from gateway.fleet.wire import (
     PATH_PREFIX,
@@ -202,7 +209,11 @@ async def read_object(request: web.Request) -> web.StreamResponse:
             {"partNumber": request.headers[PART_HEADER]} if PART_HEADER in request.headers else {}
         )
         read = read_options(query, request.headers)
-        found = await side.objects.peer_read(bucket, key, read, with_body=request.method == "GET")
+        with_body = request.method == "GET"
+        if REPLICA_HEADER in request.headers:
+            found = await api_replicas.replica_read(side, bucket, key, read, with_body=with_body)
+        else:
+            found = await side.objects.peer_read(bucket, key, read, with_body=with_body)
     except S3Error as exc:
         return web.json_response(
             {"code": exc.code, "message": exc.message, "fields": dict(exc.fields)},

@@ -20,9 +20,12 @@ from typing import Any
 from aiohttp import web
 
 from gateway.core.cache import admitted
+from gateway.core.heads import ObjectBody, ReadOptions
 from gateway.errors import S3Error
 from gateway.fleet.api_base import PEER_SIDE, PeerSide, refused, verified
 from gateway.fleet.wire import DrainAnswer, DrainRequest, ReplicaCommit, WireError
+from gateway.models import FlushState, LocalObject, PartRef
+from gateway.store.replicas import Replica
 
 log = logging.getLogger(__name__)
 _BODY_PIECE_BYTES = 1 << 20
@@ -136,3 +139,37 @@ async def owner_drain(side: PeerSide, ask: DrainRequest) -> DrainAnswer:
     if takeover is None:  # no replicas here: nothing of anyone's is held
         return DrainAnswer(side.fleet.me, True, 0, 0)
     return await takeover.owner_answer(ask)
+
+
+async def replica_read(
+    side: PeerSide, bucket: str, key: str, read: ReadOptions, *, with_body: bool
+) -> tuple[LocalObject, ObjectBody] | None:
+    """The newest replica of ``key`` this node holds (for a writer that cannot answer):
+    read as the writer would serve it. None: none held here."""
+    held = side.held
+    if held is None:
+        return None
+    for replica in await held.store.for_key(bucket, key):
+        row = as_row(replica)
+        body = await side.objects.replica_read(row, read, with_body=with_body)
+        if body is not None:
+            return row, body
+    return None
+
+
+def as_row(replica: Replica) -> LocalObject:
+    """A replica as a journal row of its writer's version (for the read path)."""
+    parts = tuple(
+        PartRef(blob_id, size, etag)
+        for blob_id, (size, etag) in zip(replica.blob_ids, replica.parts, strict=False)
+    )
+    single = replica.blob_ids[0] if replica.blob_ids and not replica.parts else None
+    return LocalObject(
+        replica.meta,
+        replica.seq,
+        FlushState.PENDING,
+        single,
+        replica.is_delete,
+        parts=parts,
+        acked_s=replica.acked_s,
+    )

@@ -41,6 +41,7 @@ READ_CHUNK_BYTES = 4 << 20
 # Headers of a GET/HEAD that a peer evaluates against its version.
 FORWARDED = ("Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since")
 PART_HEADER = "x-gateway-part-number"
+REPLICA_HEADER = "x-gateway-replica"  # read the replica held for another, not one's own
 
 
 def encode_head(head: PeerHead, extra: Mapping[str, Any]) -> str:
@@ -255,7 +256,8 @@ class PeerClient:
         path = PATH_PREFIX + "object"
         query = urllib.parse.urlencode({"bucket": bucket, "key": key})
         signed = self._signed(method, path, query, b"")
-        signed.update({k: v for k, v in headers.items() if k in (*FORWARDED, PART_HEADER)})
+        wanted = (*FORWARDED, PART_HEADER, REPLICA_HEADER)
+        signed.update({k: v for k, v in headers.items() if k in wanted})
         # encoded: the query goes out exactly as signed (yarl would normalise %2F).
         url = yarl.URL(f"{self._scheme}://{address}{path}?{query}", encoded=True)
         # The head must come within timeout_s; the body's chunks each within it too.

@@ -17,10 +17,11 @@ from typing import Any
 
 from gateway import metrics
 from gateway.clock import Clock
+from gateway.fleet.client import REPLICA_HEADER
 from gateway.fleet.directory import LocalDirectory, WriteIntent
 from gateway.fleet.fence import FleetFence, Hold, NodeDrain
 from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
-from gateway.fleet.replication import ReplicaPolicy, Replication, ReplicaWrite
+from gateway.fleet.replication import ReplicaPolicy, Replication, ReplicaWrite, rank
 from gateway.fleet.takeover import Takeover, UploadClaims
 from gateway.fleet.transport import PeerHead, PeerRead, PeerTransport, PeerUnavailable
 from gateway.fleet.view import HoldHandle
@@ -39,6 +40,7 @@ class FleetConfig:
     refresh_s: float = 10.0  # discovery is asked again this often
     timeout_s: float = 2.0  # hello, announcements, goodbyes
     read_timeout_s: float = 2.0  # a peer read's answer (its head)
+    self_address: str | None = None  # this node's S3 listener, as it can reach it itself
     replicas: int = 0  # --replicas: holders an acknowledgement needs (0: none)
     replica_strict: bool = True  # --replica-policy strict (else degrade)
     peer_timeout_s: float = 30.0  # a member silent this long is lost (its replicas taken over)
@@ -199,15 +201,41 @@ class Fleet:
             self._fell_back(node, f"{bucket}/{key}", exc)
             return None
 
+    def replica_candidates(self, bucket: str, key: str) -> Sequence[str]:
+        if self.replication is None:
+            return []
+        if all(m.is_reachable is not False for m in self.membership.active()):
+            return []  # every writer answers for itself
+        # The holders its writer chose: rendezvous over who is reachable, this node
+        # included (it may hold the replica itself), one more for a membership that moved.
+        ranked = sorted(
+            [self.me.node_id, *(m.node_id for m in self.membership.active() if m.is_reachable)],
+            key=lambda n: rank(n, bucket, key),
+            reverse=True,
+        )
+        return ranked[: self.replication.policy.copies + 1]
+
     async def read(
-        self, node: str, bucket: str, key: str, method: str, headers: Mapping[str, str]
+        self,
+        node: str,
+        bucket: str,
+        key: str,
+        method: str,
+        headers: Mapping[str, str],
+        *,
+        replica: bool = False,
     ) -> PeerRead | None:
         member = self.membership.get(node)
-        if member is None:
+        address = member.address if member is not None else None
+        if node == self.me.node_id and replica:
+            address = self.config.self_address  # a replica held here: read like a peer's
+        if address is None:
             return None
+        if replica:
+            headers = {**headers, REPLICA_HEADER: "1"}
         try:
             return await self._transport.read(
-                member.address,
+                address,
                 bucket,
                 key,
                 method=method,
@@ -251,6 +279,9 @@ class Fleet:
             return [], False
 
     def _fell_back(self, node: str, what: str, exc: Exception) -> None:
+        member = self.membership.get(node)
+        if member is not None:  # it did not answer: unreachable until a renewal says else
+            member.note_failure(self._clock.monotonic(), str(exc))
         self.read_fallbacks += 1
         metrics.PEER_READ_FALLBACKS.inc()
         log.warning("peer %s did not answer a read of %s (%s): left out", node, what, exc)

@@ -53,6 +53,9 @@ class ReplicaWriter(Protocol):
     def stage_id(self) -> str: ...
 
     @property
+    def key(self) -> str: ...
+
+    @property
     def holders(self) -> Sequence[Holder]: ...
 
     def tee(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]: ...
@@ -101,10 +104,23 @@ class FleetView(Protocol):
         ...
 
     async def read(
-        self, node: str, bucket: str, key: str, method: str, headers: Mapping[str, str]
+        self,
+        node: str,
+        bucket: str,
+        key: str,
+        method: str,
+        headers: Mapping[str, str],
+        *,
+        replica: bool = False,
     ) -> PeerRead | None:
         """A GET/HEAD of ``key`` on ``node`` (None: it holds no unflushed version, or does
-        not answer). Raises ``PeerError`` for an S3 error of its version."""
+        not answer). Raises ``PeerError`` for an S3 error of its version. ``replica``: the
+        replica ``node`` holds for a writer that cannot answer, instead of its own."""
+        ...
+
+    def replica_candidates(self, bucket: str, key: str) -> Sequence[str]:
+        """With replicas, when a member cannot answer: the reachable holders of ``key``'s
+        replicas (rendezvous), to read it from; else none."""
         ...
 
     async def rows(

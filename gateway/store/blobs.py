@@ -283,6 +283,15 @@ class BlobStore:
             raise
         return made
 
+    async def read_chunks(self, blob_id: str, piece_bytes: int = 1 << 20) -> AsyncIterator[bytes]:
+        """A body file's bytes in pieces (each read in a thread): a replica sent again."""
+        f = await asyncio.to_thread(self.path(blob_id).open, "rb")
+        try:
+            while piece := await asyncio.to_thread(f.read, piece_bytes):
+                yield piece
+        finally:
+            await asyncio.to_thread(f.close)
+
     async def discard(self, blob_ids: Iterable[str]) -> None:
         """Unlink blobs no committed row references. Missing files are fine (idempotent)."""
         ids = list(blob_ids)
