@@ -356,6 +356,13 @@ class Fleet:
                 for h in self.fence.holds()
             ],
             "read_fallbacks": self.read_fallbacks,
+            "replicas": None
+            if self.replication is None
+            else {
+                "copies": self.replication.policy.copies,
+                "policy": "strict" if self.replication.policy.is_strict else "degrade",
+                "held_for": self.takeover.held if self.takeover is not None else [],
+            },
         }
 
 

@@ -103,6 +103,8 @@ class Takeover:
         self._held_bytes = held_bytes
         self._wait_drained = wait_fleet_drained
         self._asked_s: dict[tuple[str, str], float] = {}
+        # Replicas held here, by writer, as of the last round (the status says so).
+        self.held: list[dict[str, object]] = []
 
     def is_lost(self, node_id: str, datadir_id: str | None = None) -> bool:
         """Lost by this node's view: not a member (forgotten), back with another data dir
@@ -153,11 +155,23 @@ class Takeover:
         await self._blobs.discard(
             await self._store.drop_stale_staged(self._clock.wall() - _STAGED_TTL_S)
         )
-        for owner, datadir, _, _ in await self._store.owners():
-            if self.is_lost(owner, datadir):
+        held = []
+        for owner, datadir, versions, size in await self._store.owners():
+            lost = self.is_lost(owner, datadir)
+            held.append(
+                {
+                    "writer": owner,
+                    "datadir_id": datadir,
+                    "objects": versions,
+                    "bytes": size,
+                    "writer_lost": lost,
+                }
+            )
+            if lost:
                 await self._take_over(owner, datadir)
             else:
                 await self._forget_unneeded(owner, datadir)
+        self.held = held
         metrics.REPLICA_HELD_BYTES.set(self._held_bytes())
 
     async def _forget_unneeded(self, owner: str, datadir: str) -> None:

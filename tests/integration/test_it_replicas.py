@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from botocore.exceptions import ClientError
 from fleetutil import fleet_of, until, wait_joined
 from harness import (
+    REPO_ROOT,
     GatewayProcess,
     error_code,
     error_status,
@@ -73,6 +76,18 @@ def test_an_ack_means_a_replica_is_durable_on_a_member(
     held = {k for gw in (a, c) for owner, k in replicas_held(gw) if owner == "b"}
     assert held == set(keys)  # each on exactly the member rendezvous hashing chose
     assert not replicas_held(b)
+
+    def held_for_b(gw: GatewayProcess) -> int:
+        rep = gw.admin_get("/admin/v1/fleet")["replicas"]
+        return sum(int(h["objects"]) for h in rep["held_for"] if h["writer"] == "b")
+
+    # The status says it too (refreshed by the holders' loop every 5 s).
+    until(lambda: held_for_b(a) + held_for_b(c) == len(keys), 20)
+    shown = subprocess.run(
+        [sys.executable, "-m", "gateway", "fleet", "--admin", a.admin],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert "replicas: 1 per write (strict)" in shown.stdout, shown.stdout
     b.resume_flush()
     b.drained(bucket=bucket)
     # Once durable upstream the holders drop them (they ask the writer every 30 s; a
