@@ -93,7 +93,11 @@ class ObjectService:
 
     async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:
         async with fleet_writing(self._fleet, req.bucket, req.key) as announced:
-            replica = self._fleet.replicate(req.bucket, req.key) if self._fleet else None
+            replica = (
+                self._fleet.replicate(req.bucket, req.key, size_hint=req.content_length)
+                if self._fleet
+                else None
+            )
             with replicas_aborted(replica):
                 blob, checksums = await ingest(
                     self._blobs,

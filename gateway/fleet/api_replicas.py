@@ -14,6 +14,7 @@ versions it still needs held. Registered by ``api.install`` when replicas are co
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
@@ -29,6 +30,7 @@ from gateway.store.replicas import Replica
 
 log = logging.getLogger(__name__)
 _BODY_PIECE_BYTES = 1 << 20
+INLINE_MAX_BYTES = 64 << 10  # a body this small is staged in the journal (no file, fsync)
 _MAX_BODY_BYTES = 5 << 30
 
 
@@ -47,6 +49,8 @@ async def replica_body(request: web.Request) -> web.StreamResponse:
             return web.json_response({"error": "InvalidRequest"}, status=400)
         upload = (q["upload"], int(q["part"]))
     size = request.content_length or 0
+    if request.content_length is not None and size <= INLINE_MAX_BYTES:
+        return await _stage_inline(side, request, owner, stage, bucket, key, upload)
     try:
         blob = await admitted(
             held.space,
@@ -72,6 +76,29 @@ async def replica_body(request: web.Request) -> web.StreamResponse:
     )
     await held.blobs.discard(stale)
     return web.json_response({"md5": md5, "size": blob.size_bytes})
+
+
+async def _stage_inline(
+    side: PeerSide,
+    request: web.Request,
+    owner: str,
+    stage: str,
+    bucket: str,
+    key: str,
+    upload: tuple[str, int] | None,
+) -> web.StreamResponse:
+    """A small body staged in the journal row itself: one grouped commit, no file."""
+    held = side.held
+    assert held is not None
+    body = await request.content.read(INLINE_MAX_BYTES + 1)
+    if len(body) != request.content_length:
+        return web.json_response({"error": "IncompleteBody"}, status=400)
+    md5 = hashlib.md5(body).hexdigest()
+    stale = await held.store.stage(
+        stage, owner, bucket, key, None, len(body), md5, None, side.clock.wall(), upload, body
+    )
+    await held.blobs.discard(stale)
+    return web.json_response({"md5": md5, "size": len(body)})
 
 
 async def replica_commit(side: PeerSide, doc: Any, request: web.Request) -> Any:
@@ -172,4 +199,5 @@ def as_row(replica: Replica) -> LocalObject:
         replica.is_delete,
         parts=parts,
         acked_s=replica.acked_s,
+        body=replica.body,
     )

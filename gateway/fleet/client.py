@@ -186,6 +186,7 @@ class PeerClient:
         upload: tuple[str, int] | None,
         body: AsyncIterator[bytes],
         timeout_s: float,
+        size_bytes: int | None = None,
     ) -> tuple[str, int]:
         path = PATH_PREFIX + "replica/body"
         params = {"owner": owner, "stage": stage_id, "bucket": bucket, "key": key}

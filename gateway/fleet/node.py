@@ -155,11 +155,15 @@ class Fleet:
     # -- FleetView ------------------------------------------------------------------------
 
     def replicate(
-        self, bucket: str, key: str, upload: tuple[str, int] | None = None
+        self,
+        bucket: str,
+        key: str,
+        upload: tuple[str, int] | None = None,
+        size_hint: int | None = None,
     ) -> ReplicaWrite | None:
         if self.replication is None:
             return None
-        return self.replication.start(bucket, key, upload=upload)
+        return self.replication.start(bucket, key, upload=upload, size_hint=size_hint)
 
     def writing(self, bucket: str, key: str) -> contextlib.AbstractAsyncContextManager[WriteIntent]:
         return self.directory.writing(bucket, key)

@@ -30,6 +30,9 @@ from gateway.models import ObjectMeta
 
 log = logging.getLogger(__name__)
 _QUEUE_PIECES = 4  # body pieces buffered per holder (the slowest holder paces the write)
+# A body this small is sent whole at its end (one request with a length, staged in the
+# holder's journal row) rather than streamed.
+SMALL_BODY_BYTES = 64 << 10
 _COMMIT_TIMEOUT_S = 10.0
 _BODY_TIMEOUT_S = 30.0  # a holder that takes a piece no faster than this is left out
 
@@ -79,13 +82,20 @@ class Replication:
         return choose(live, bucket, key, self.policy.copies, self.me.zone)
 
     def start(
-        self, bucket: str, key: str, *, upload: tuple[str, int] | None = None
+        self,
+        bucket: str,
+        key: str,
+        *,
+        upload: tuple[str, int] | None = None,
+        size_hint: int | None = None,
     ) -> ReplicaWrite:
-        """One write's replication. Raises SlowDown when fewer than N members are reachable
-        and the policy is strict (before anything is written)."""
+        """One write's replication (``size_hint``: the body's length when known). Raises
+        SlowDown when fewer than N members are reachable and the policy is strict (before
+        anything is written)."""
         holders = self.holders(bucket, key)
         self._enough(len(holders), f"{bucket}/{key}")
-        return ReplicaWrite(self, bucket, key, holders, upload)
+        small = size_hint is not None and size_hint <= SMALL_BODY_BYTES
+        return ReplicaWrite(self, bucket, key, holders, upload, is_small=small)
 
     def _enough(self, copies: int, what: str) -> None:
         if copies >= self.policy.copies:
@@ -113,8 +123,11 @@ class ReplicaWrite:
         key: str,
         holders: list[Member],
         upload: tuple[str, int] | None,
+        *,
+        is_small: bool = False,
     ) -> None:
         self._replication = replication
+        self._is_small = is_small
         self.bucket = bucket
         self.key = key
         self.holders = holders
@@ -129,7 +142,12 @@ class ReplicaWrite:
     # -- the body -------------------------------------------------------------------------
 
     async def tee(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """``chunks`` as they come, each also queued for every holder."""
+        """``chunks`` as they come, each also queued for every holder (a small body: sent
+        whole once it is complete)."""
+        if self._is_small:
+            async for chunk in self._tee_small(chunks):
+                yield chunk
+            return
         transport = self._replication.transport
         owner = self._replication.me.node_id
         for member in self.holders:
@@ -155,6 +173,28 @@ class ReplicaWrite:
         except BaseException:
             self.abort()
             raise
+
+    async def _tee_small(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        pieces = []
+        async for chunk in chunks:
+            pieces.append(chunk)
+            yield chunk
+        body = b"".join(pieces)
+        transport = self._replication.transport
+        owner = self._replication.me.node_id
+        for member in self.holders:
+            send = transport.replica_body(
+                member.address,
+                owner,
+                self.stage_id,
+                self.bucket,
+                self.key,
+                self.upload,
+                _whole(body),
+                _BODY_TIMEOUT_S,
+                size_bytes=len(body),
+            )
+            self._sends[member.node_id] = asyncio.ensure_future(send)
 
     async def _put(self, piece: bytes | None) -> None:
         for node, queue in self._queues.items():
@@ -286,6 +326,10 @@ class ReplicaWrite:
             )
             return False
         return not missing
+
+
+async def _whole(body: bytes) -> AsyncIterator[bytes]:
+    yield body
 
 
 async def _drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import io
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from gateway.upstream.classify import ConditionFailed, FlushError
 from gateway.upstream.client import AiobotocoreUpstream, PartSource
 
 log = logging.getLogger(__name__)
-_ROUND_S = 5.0  # how often lost writers are looked for
+_ROUND_S = 1.0  # how often lost writers are looked for (and held replicas counted)
 _NEEDED_EVERY_S = 30.0  # how often a live writer is asked which replicas it still needs
 _STAGED_TTL_S = 24 * 3600.0  # a staged body never committed is dropped after this
 # A version is older than what the bucket holds when the bucket's copy was written this
@@ -264,6 +265,9 @@ class Takeover:
         if replica.is_delete:
             if etag is not None:
                 await self._upstream.delete_object(meta.bucket, meta.key)
+            return
+        if replica.body is not None:  # a small body kept in the journal
+            await self._upstream.put_object_if(meta, io.BytesIO(replica.body), etag)
             return
         files = await asyncio.to_thread(open_bodies, self._blobs, replica.blob_ids)
         try:

@@ -125,9 +125,12 @@ class PeerTransport(Protocol):
         upload: tuple[str, int] | None,
         body: AsyncIterator[bytes],
         timeout_s: float,
+        size_bytes: int | None = None,
     ) -> tuple[str, int]:
         """Stream a body to a holder, which stages it durably: its MD5 (hex) and size.
-        ``timeout_s`` bounds each wait on the holder, not the whole body."""
+        ``timeout_s`` bounds each wait on the holder, not the whole body; ``size_bytes``:
+        the body's length when known (sent as Content-Length; small ones are staged in the
+        holder's journal)."""
         ...
 
     async def replica_commit(

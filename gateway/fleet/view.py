@@ -80,10 +80,14 @@ class ReplicaWriter(Protocol):
 
 class FleetView(Protocol):
     def replicate(
-        self, bucket: str, key: str, upload: tuple[str, int] | None = None
+        self,
+        bucket: str,
+        key: str,
+        upload: tuple[str, int] | None = None,
+        size_hint: int | None = None,
     ) -> ReplicaWriter | None:
-        """The replicas of one write (None without --replicas). Raises SlowDown when the
-        strict policy cannot be met now."""
+        """The replicas of one write (None without --replicas; ``size_hint``: the body's
+        length when known). Raises SlowDown when the strict policy cannot be met now."""
         ...
 
     def writing(self, bucket: str, key: str) -> AbstractAsyncContextManager[WriteReady]:

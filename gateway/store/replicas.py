@@ -35,6 +35,7 @@ class Replica:
     parts: tuple[tuple[int, str], ...]  # (size, etag) of each part of a multipart object
     acked_s: float
     is_uploaded: bool = False
+    body: bytes | None = None  # a small single body kept in the journal (no file)
 
     @property
     def version(self) -> tuple[str, str, int]:
@@ -50,12 +51,15 @@ def _replica(conn: sqlite3.Connection, row: tuple[Any, ...]) -> Replica:
     owner, datadir, seq, meta, is_delete, stage_ids, parts, acked_s, uploaded = row
     ids = json.loads(stage_ids)
     blobs = []
+    inline: bytes | None = None
     for stage_id in ids:
         found = conn.execute(
-            "SELECT blob_id FROM replica_bodies WHERE stage_id = ?", (stage_id,)
+            "SELECT blob_id, body FROM replica_bodies WHERE stage_id = ?", (stage_id,)
         ).fetchone()
-        if found is not None:
+        if found is not None and found[0] is not None:
             blobs.append(str(found[0]))
+        elif found is not None and found[1] is not None:
+            inline = bytes(found[1])
     return Replica(
         str(owner),
         str(datadir),
@@ -66,6 +70,7 @@ def _replica(conn: sqlite3.Connection, row: tuple[Any, ...]) -> Replica:
         tuple((int(a), str(b)) for a, b in json.loads(parts or "[]")),
         float(acked_s),
         bool(uploaded),
+        inline,
     )
 
 
@@ -81,15 +86,17 @@ class ReplicaStore:
         owner: str,
         bucket: str,
         key: str,
-        blob_id: str,
+        blob_id: str | None,
         size_bytes: int,
         md5: str,
         crc32c: int | None,
         now_s: float,
         upload: tuple[str, int] | None = None,
+        body: bytes | None = None,
     ) -> list[str]:
-        """Record a durable body (``upload``: its multipart upload id and part number).
-        Returns the blob of a body staged before under the same id (a retry), to unlink."""
+        """Record a durable body: its blob file, or (small) ``body`` itself, durable with
+        this commit (``upload``: its multipart upload id and part number). Returns the blob
+        of a body staged before under the same id (a retry), to unlink."""
 
         def op(conn: sqlite3.Connection) -> list[str]:
             old = conn.execute(
@@ -100,8 +107,8 @@ class ReplicaStore:
                 self._journal.record(PartsChange(-int(old[1]), is_replica=True))
             conn.execute(
                 "INSERT INTO replica_bodies (stage_id, owner, bucket, key, upload_id, "
-                "part_number, blob_id, size_bytes, md5, crc32c, created_s) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "part_number, blob_id, size_bytes, md5, crc32c, created_s, body) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     stage_id,
                     owner,
@@ -114,10 +121,11 @@ class ReplicaStore:
                     md5,
                     crc32c,
                     now_s,
+                    body,
                 ),
             )
             self._journal.record(PartsChange(size_bytes, is_replica=True))
-            return [str(old[0])] if old is not None else []
+            return [str(old[0])] if old is not None and old[0] is not None else []
 
         return await self._journal.run_write(op)
 
@@ -204,7 +212,8 @@ class ReplicaStore:
                     (stage_id,),
                 ).fetchone()
                 if body is not None:
-                    blobs.append(str(body[0]))
+                    if body[0] is not None:
+                        blobs.append(str(body[0]))
                     conn.execute("DELETE FROM replica_bodies WHERE stage_id = ?", (stage_id,))
                     self._journal.record(PartsChange(-int(body[1]), is_replica=True))
             conn.execute(
@@ -230,7 +239,7 @@ class ReplicaStore:
             for stage_id, _, size in rows:
                 conn.execute("DELETE FROM replica_bodies WHERE stage_id = ?", (stage_id,))
                 self._journal.record(PartsChange(-int(size), is_replica=True))
-            return [str(r[1]) for r in rows]
+            return [str(r[1]) for r in rows if r[1] is not None]
 
         return await self._journal.run_write(op)
 

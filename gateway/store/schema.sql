@@ -143,7 +143,8 @@ CREATE TABLE IF NOT EXISTS replica_bodies (
     key         TEXT NOT NULL,
     upload_id   TEXT,                          -- a part of a multipart upload; NULL: a body
     part_number INTEGER,
-    blob_id     TEXT NOT NULL,
+    blob_id     TEXT,                          -- its file; NULL when small: then ``body``
+    body        BLOB,                          -- a small body itself (one journal commit)
     size_bytes  INTEGER NOT NULL,
     md5         TEXT NOT NULL,                 -- hex
     crc32c      INTEGER,

@@ -134,5 +134,7 @@ def referenced_blobs(conn: sqlite3.Connection) -> set[str]:
     }
     out.update(r[0] for r in conn.execute("SELECT blob_id FROM parts"))
     # Replicas held for other gateways of the fleet, staged or committed (store/replicas.py).
-    out.update(r[0] for r in conn.execute("SELECT blob_id FROM replica_bodies"))
+    out.update(
+        r[0] for r in conn.execute("SELECT blob_id FROM replica_bodies WHERE blob_id IS NOT NULL")
+    )
     return out
