@@ -30,7 +30,7 @@ from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo
 from gateway.store.blobs import BlobStore, close_bodies, open_bodies
 from gateway.store.replicas import Replica, ReplicaStore
 from gateway.upstream.classify import ConditionFailed, FlushError
-from gateway.upstream.client import AiobotocoreUpstream, PartSource
+from gateway.upstream.client import AiobotocoreUpstream, PartSource, unchanged_since
 
 log = logging.getLogger(__name__)
 _ROUND_S = 1.0  # how often lost writers are looked for (and held replicas counted)
@@ -262,12 +262,13 @@ class Takeover:
 
     async def _send(self, replica: Replica, etag: str | None) -> None:
         meta = replica.meta
+        guard = unchanged_since(etag)
         if replica.is_delete:
             if etag is not None:
-                await self._upstream.delete_object(meta.bucket, meta.key)
+                await self._upstream.delete_object(meta.bucket, meta.key, guard)
             return
         if replica.body is not None:  # a small body kept in the journal
-            await self._upstream.put_object_if(meta, io.BytesIO(replica.body), etag)
+            await self._upstream.put_object(meta, io.BytesIO(replica.body), guard)
             return
         files = await asyncio.to_thread(open_bodies, self._blobs, replica.blob_ids)
         try:
@@ -276,8 +277,8 @@ class Takeover:
                     PartSource(f, size, part_etag)
                     for f, (size, part_etag) in zip(files, replica.parts, strict=True)
                 ]
-                await self._upstream.put_multipart(meta, sources)
+                await self._upstream.put_multipart(meta, sources, condition=guard)
             else:
-                await self._upstream.put_object_if(meta, files[0], etag)
+                await self._upstream.put_object(meta, files[0], guard)
         finally:
             await asyncio.to_thread(close_bodies, files)

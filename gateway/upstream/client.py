@@ -150,7 +150,12 @@ class Upstream(Protocol):
     upstream's code passed through, or ServiceUnavailable when it cannot be reached).
     """
 
-    async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str: ...
+    async def put_object(
+        self, meta: ObjectMeta, body: BinaryIO, condition: Condition | None = None
+    ) -> str:
+        """PutObject; with a ``condition`` (``unchanged_since``), ConditionFailed when the
+        key is no longer as it was."""
+        ...
 
     async def put_multipart(
         self,
@@ -158,7 +163,10 @@ class Upstream(Protocol):
         parts: Sequence[PartSource],
         track: UploadTracker | None = None,
         run: RequestRunner | None = None,
-    ) -> str: ...
+        condition: Condition | None = None,
+    ) -> str:
+        """Multipart upload; a ``condition`` guards its CompleteMultipartUpload."""
+        ...
 
     async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool: ...
 
@@ -175,7 +183,12 @@ class Upstream(Protocol):
         ...
 
     async def complete_multipart(
-        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]]
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        parts: Sequence[tuple[int, str]],
+        condition: Condition | None = None,
     ) -> str:
         """CompleteMultipartUpload of (part number, ETag) in order; returns the ETag."""
         ...
@@ -185,7 +198,9 @@ class Upstream(Protocol):
         exactly ``key``. Raises a FlushError when the upstream cannot be asked."""
         ...
 
-    async def delete_object(self, bucket: str, key: str) -> None: ...
+    async def delete_object(
+        self, bucket: str, key: str, condition: Condition | None = None
+    ) -> None: ...
 
     async def head_object(self, bucket: str, key: str) -> ObjectMeta: ...
 
@@ -377,7 +392,9 @@ class AiobotocoreUpstream:
 
     # -- writes (flush) --------------------------------------------------------------------
 
-    async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str:
+    async def put_object(
+        self, meta: ObjectMeta, body: BinaryIO, condition: Condition | None = None
+    ) -> str:
         raw = _RAW_HEADERS.set(_raw_headers(meta))
         try:
             resp = await self._client.put_object(
@@ -386,9 +403,10 @@ class AiobotocoreUpstream:
                 ContentMD5=_b64_md5(meta.etag),
                 **_checksum_params(meta),
                 **_object_params(meta),
+                **(condition or {}),
             )
         except Exception as exc:  # classified: the flusher decides what it means
-            raise for_flush(exc) from exc
+            raise _conditional(exc, condition) from exc
         finally:
             _RAW_HEADERS.reset(raw)
         return str(resp.get("ETag", "")).strip('"')
@@ -399,6 +417,7 @@ class AiobotocoreUpstream:
         parts: Sequence[PartSource],
         track: UploadTracker | None = None,
         run: RequestRunner | None = None,
+        condition: Condition | None = None,
     ) -> str:
         """Upload as multipart with exactly these part boundaries (so the ETag matches);
         parts go in parallel, each request through ``run``. A failure that ``run`` gives up
@@ -423,7 +442,9 @@ class AiobotocoreUpstream:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(send(i, p)) for i, p in enumerate(parts, 1)]
             done = [t.result() for t in tasks]
-            etag = await runner(0, lambda: self.complete_multipart(bucket, key, upload_id, done))
+            etag = await runner(
+                0, lambda: self.complete_multipart(bucket, key, upload_id, done, condition)
+            )
         except BaseException as exc:
             aborted = await asyncio.shield(self.abort_multipart(bucket, key, upload_id))
             if aborted and track is not None:
@@ -467,14 +488,24 @@ class AiobotocoreUpstream:
         return str(resp.get("ETag", "")).strip('"')
 
     async def complete_multipart(
-        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]]
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        parts: Sequence[tuple[int, str]],
+        condition: Condition | None = None,
     ) -> str:
         done = {"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e in parts]}
-        resp = await _flush_call(
-            self._client.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload=done
+        try:
+            resp = await self._client.complete_multipart_upload(
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload=done,
+                **(condition or {}),
             )
-        )
+        except Exception as exc:
+            raise _conditional(exc, condition) from exc
         return str(resp.get("ETag", "")).strip('"')
 
     async def list_open_uploads(self, bucket: str, key: str) -> list[tuple[str, float]]:
@@ -511,11 +542,13 @@ class AiobotocoreUpstream:
             return False
         return True
 
-    async def delete_object(self, bucket: str, key: str) -> None:
+    async def delete_object(
+        self, bucket: str, key: str, condition: Condition | None = None
+    ) -> None:
         try:
-            await self._client.delete_object(Bucket=bucket, Key=key)
+            await self._client.delete_object(Bucket=bucket, Key=key, **(condition or {}))
         except Exception as exc:
-            raise for_flush(exc) from exc
+            raise _conditional(exc, condition) from exc
 
     # -- reads (read-through) --------------------------------------------------------------
 
@@ -647,26 +680,6 @@ class AiobotocoreUpstream:
             return None
         return head.etag, head.last_modified_s
 
-    async def put_object_if(self, meta: ObjectMeta, body: BinaryIO, etag: str | None) -> str:
-        """``put_object`` only if the key is still as it was: ``If-Match: etag``, or
-        ``If-None-Match: *`` for None. ConditionFailed when it is not."""
-        raw = _RAW_HEADERS.set(_raw_headers(meta))
-        condition = {"IfMatch": f'"{etag}"'} if etag is not None else {"IfNoneMatch": "*"}
-        try:
-            resp = await self._client.put_object(
-                Body=body,
-                ContentLength=meta.size_bytes,
-                ContentMD5=_b64_md5(meta.etag),
-                **_checksum_params(meta),
-                **_object_params(meta),
-                **condition,
-            )
-        except Exception as exc:
-            raise for_flush(exc) from exc
-        finally:
-            _RAW_HEADERS.reset(raw)
-        return str(resp.get("ETag", "")).strip('"')
-
     async def delete_bucket(self, bucket: str) -> None:
         await self._call(lambda: self._client.delete_bucket(Bucket=bucket))
 
@@ -773,6 +786,26 @@ def _checksum_params(meta: ObjectMeta) -> dict[str, str]:
         if value:
             return {param: value}
     return {}
+
+
+Condition = dict[str, str]
+"""Keyword arguments of a conditional write (IfMatch / IfNoneMatch), from ``unchanged_since``."""
+
+
+def unchanged_since(etag: str | None) -> Condition:
+    """The condition "the key is still as it was": ``If-Match`` its ETag, or
+    ``If-None-Match: *`` when there was none."""
+    return {"IfMatch": f'"{etag}"'} if etag is not None else {"IfNoneMatch": "*"}
+
+
+def _conditional(exc: Exception, condition: Condition | None) -> FlushError:
+    """``for_flush``, and a guarded write to a key that has gone since (404 to If-Match)
+    is a failed condition too."""
+    error = for_flush(exc)
+    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+    if condition and "IfMatch" in condition and code in ("NoSuchKey", "404"):
+        return ConditionFailed(str(error))
+    return error
 
 
 async def _flush_call(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
