@@ -27,6 +27,7 @@ from gateway.fleet.claims import Claims, Outcome, Version
 from gateway.fleet.membership import Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
 from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo
+from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore, close_bodies, open_bodies
 from gateway.store.replicas import Replica, ReplicaStore
 from gateway.upstream.classify import ConditionFailed, FlushError
@@ -54,19 +55,28 @@ class UploadClaims:
         self._claims = claims
         self._me = me
 
-    async def before_upload(self, bucket: str, key: str, seq: int) -> str:
-        claim = await self._claims.claim(
-            Version(bucket, self._me.node_id, self._me.datadir_id, seq)
+    def _version(self, obj: LocalObject) -> Version:
+        meta = obj.meta
+        return Version(
+            meta.bucket, meta.key, obj.acked_s, self._me.node_id, self._me.datadir_id, obj.seq
         )
+
+    async def before_upload(self, obj: LocalObject) -> str:
+        claim = await self._claims.claim(self._version(obj))
         if claim.outcome is Outcome.DONE:
-            log.info("%s/%s seq=%d was uploaded by another gateway (taken over)", bucket, key, seq)
+            log.info(
+                "%s/%s seq=%d was uploaded by another gateway (taken over)",
+                obj.meta.bucket,
+                obj.meta.key,
+                obj.seq,
+            )
             return Decision.DONE.value
         if claim.outcome is Outcome.HELD:
             return Decision.WAIT.value
         return Decision.UPLOAD.value
 
-    async def after_upload(self, bucket: str, seq: int) -> None:
-        await self._claims.done(Version(bucket, self._me.node_id, self._me.datadir_id, seq))
+    async def after_upload(self, obj: LocalObject) -> None:
+        await self._claims.done(self._version(obj))
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,14 +224,21 @@ class Takeover:
                     await self._take_one(replica)  # else: its directory is not drained yet
 
     async def _take_one(self, replica: Replica) -> None:
-        version = Version(replica.meta.bucket, replica.owner, replica.datadir_id, replica.seq)
+        version = Version(
+            replica.meta.bucket,
+            replica.meta.key,
+            replica.acked_s,
+            replica.owner,
+            replica.datadir_id,
+            replica.seq,
+        )
         try:
             claim = await self._claims.claim(version)
             if claim.outcome is Outcome.HELD:
                 return
             if claim.outcome is Outcome.WON:
-                await self._upload(replica)
-                await self._claims.done(version)
+                await self._upload(replica, version)
+                await self._claims.done(version)  # also when not sent: nothing left to do
                 metrics.TAKEOVERS.inc()
                 log.warning(
                     "took over %s/%s seq=%d of lost gateway %s",
@@ -240,14 +257,23 @@ class Takeover:
             await self._store.drop(replica.owner, replica.datadir_id, [replica.seq])
         )
 
-    async def _upload(self, replica: Replica) -> None:
-        """Upload one version unless the bucket holds a newer one; guarded by the state
-        read (If-Match / If-None-Match) so nothing comes between."""
+    async def _upload(self, replica: Replica, version: Version) -> None:
+        """Upload one version unless a newer one was claimed (by its writer or another) or
+        the bucket holds a newer one; guarded by the state read (If-Match /
+        If-None-Match), so a newer version that lands after the look fails the write and
+        is seen at the next look."""
         meta = replica.meta
         for _ in range(3):
             state = await self._upstream.state_of(meta.bucket, meta.key)
             if state is not None and state[0] == meta.etag and not replica.is_delete:
                 return  # already there (its writer uploaded it before it was lost)
+            if await self._claims.newer_claimed(version):
+                log.info(
+                    "%s/%s: a newer version was claimed; not taken over", meta.bucket, meta.key
+                )
+                return
+            # Written by something that does not claim (not a gateway with replicas on):
+            # ordered by the bucket's clock against the acknowledgement.
             if state is not None and state[1] > replica.acked_s + _NEWER_MARGIN_S:
                 log.info(
                     "%s/%s: the bucket holds a newer version; not taken over", meta.bucket, meta.key

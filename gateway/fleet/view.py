@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from gateway.fleet.transport import PeerError, PeerHead, PeerRead
 from gateway.fleet.wire import PeerRow
-from gateway.models import ObjectMeta
+from gateway.models import LocalObject, ObjectMeta
 
 __all__ = [
     "FleetView",
@@ -177,10 +177,10 @@ class MarkerHolds(Protocol):
 class UploadClaims(Protocol):
     """With replicas on (docs/fleet.md, "Takeover"): one uploader per version."""
 
-    async def before_upload(self, bucket: str, key: str, seq: int) -> str:
+    async def before_upload(self, obj: LocalObject) -> str:
         """``upload`` (this node won the claim), ``done`` (another uploaded it) or ``wait``
         (another, not lost, holds the claim). Raises a FlushError when the bucket cannot
         be asked."""
         ...
 
-    async def after_upload(self, bucket: str, seq: int) -> None: ...
+    async def after_upload(self, obj: LocalObject) -> None: ...

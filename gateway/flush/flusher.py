@@ -377,7 +377,7 @@ class Flusher:
             with self.progress.upload(obj.meta.bucket, obj.meta.key, obj.meta.size_bytes):
                 await self._upload(obj, lane)
             if self._claims is not None:
-                await self._claims.after_upload(obj.meta.bucket, obj.seq)
+                await self._claims.after_upload(obj)
         except _Superseded:
             return
         except Exception as exc:  # the worker loop: every failure is recorded, none escapes
@@ -393,7 +393,7 @@ class Flusher:
         gateway is retried later (it is uploading it)."""
         if self._claims is None:
             return True
-        decision = await self._claims.before_upload(obj.meta.bucket, obj.meta.key, obj.seq)
+        decision = await self._claims.before_upload(obj)
         if decision == "wait":
             raise Retryable("another gateway holds the upload's claim: it uploads it")
         return decision == "upload"

@@ -144,7 +144,8 @@ class ReplicaStore:
         """Commit a version whose bodies are staged here (each hashing to its
         ``expected_md5``, when given). Returns the stage ids that are missing or differ
         (then nothing is committed), and the blobs of the older versions of the same key
-        from the same writer it supersedes (dropped; unlink them after)."""
+        from the same writer it supersedes (dropped; unlink them after). A version older
+        than one already held (their commits crossed) is not kept: its bodies' blobs."""
         wanted = dict(zip(stage_ids, [*expected_md5, *([None] * len(stage_ids))], strict=False))
 
         def staged(conn: sqlite3.Connection, stage_id: str) -> bool:
@@ -159,15 +160,17 @@ class ReplicaStore:
             missing = [s for s in stage_ids if not staged(conn, s)]
             if missing:
                 return missing, []
-            older = [
+            held = [
                 int(r[0])
                 for r in conn.execute(
                     "SELECT seq FROM replicas WHERE owner = ? AND datadir_id = ? AND bucket = ? "
-                    "AND key = ? AND seq < ?",
+                    "AND key = ? AND seq != ?",
                     (owner, datadir_id, meta.bucket, meta.key, seq),
                 )
             ]
-            superseded = self._drop(conn, owner, datadir_id, older)
+            if any(s > seq for s in held):  # a newer version committed first: this one is done
+                return [], self._drop_staged(conn, stage_ids)
+            superseded = self._drop(conn, owner, datadir_id, held)
             conn.execute(
                 "INSERT OR IGNORE INTO replicas (owner, datadir_id, seq, bucket, key, is_delete, "
                 "meta, stage_ids, parts, size_bytes, acked_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "
@@ -194,6 +197,20 @@ class ReplicaStore:
 
         return await self._journal.run_write(op)
 
+    def _drop_staged(self, conn: sqlite3.Connection, stage_ids: Sequence[str]) -> list[str]:
+        """Inside an op: drop staged bodies; their blob ids."""
+        blobs: list[str] = []
+        for stage_id in stage_ids:
+            body = conn.execute(
+                "SELECT blob_id, size_bytes FROM replica_bodies WHERE stage_id = ?", (stage_id,)
+            ).fetchone()
+            if body is not None:
+                if body[0] is not None:
+                    blobs.append(str(body[0]))
+                conn.execute("DELETE FROM replica_bodies WHERE stage_id = ?", (stage_id,))
+                self._journal.record(PartsChange(-int(body[1]), is_replica=True))
+        return blobs
+
     def _drop(
         self, conn: sqlite3.Connection, owner: str, datadir_id: str, seqs: Sequence[int]
     ) -> list[str]:
@@ -206,16 +223,7 @@ class ReplicaStore:
             ).fetchone()
             if row is None:
                 continue
-            for stage_id in json.loads(row[0]):
-                body = conn.execute(
-                    "SELECT blob_id, size_bytes FROM replica_bodies WHERE stage_id = ?",
-                    (stage_id,),
-                ).fetchone()
-                if body is not None:
-                    if body[0] is not None:
-                        blobs.append(str(body[0]))
-                    conn.execute("DELETE FROM replica_bodies WHERE stage_id = ?", (stage_id,))
-                    self._journal.record(PartsChange(-int(body[1]), is_replica=True))
+            blobs += self._drop_staged(conn, json.loads(row[0]))
             conn.execute(
                 "DELETE FROM replicas WHERE owner = ? AND datadir_id = ? AND seq = ?",
                 (owner, datadir_id, seq),

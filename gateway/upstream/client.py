@@ -672,6 +672,18 @@ class AiobotocoreUpstream:
         except Exception as exc:
             raise for_flush(exc) from exc
 
+    async def list_keys(self, bucket: str, prefix: str) -> list[str]:
+        """Every key under ``prefix`` (all pages); FlushError when it cannot be listed."""
+        keys: list[str] = []
+        try:
+            async for page in self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix
+            ):
+                keys += [str(o["Key"]) for o in page.get("Contents", [])]
+        except Exception as exc:
+            raise for_flush(exc) from exc
+        return keys
+
     async def state_of(self, bucket: str, key: str) -> tuple[str, float] | None:
         """(ETag, Last-Modified wall seconds) of the key in the bucket, or None."""
         try:
