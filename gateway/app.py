@@ -49,7 +49,7 @@ from gateway.errors import S3Error
 from gateway.fleet import api as peer_api
 from gateway.fleet import auth as peer_auth
 from gateway.fleet.api_base import HeldReplicas, PeerSide
-from gateway.fleet.claims import Claims
+from gateway.fleet.claims import Claimant, Claims
 from gateway.fleet.client import PeerClient
 from gateway.fleet.fence import LostWriters
 from gateway.fleet.membership import parse_peers
@@ -534,7 +534,10 @@ def _replicas(
         return any(fnmatch.fnmatchcase(name, p) for p in settings.commit_markers)
 
     me = fleet.me
-    claims = Claims(upstream, me.node_id, settings.control_prefix, lambda n: takeover.is_lost(n))
+    claimant = Claimant(me.node_id, me.datadir_id, me.started_s)
+    claims = Claims(
+        upstream, claimant, settings.control_prefix, lambda *n: takeover.claimant_lost(*n)
+    )
     takeover = Takeover(
         me,
         fleet.membership,

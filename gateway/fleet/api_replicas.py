@@ -106,6 +106,8 @@ async def replica_commit(side: PeerSide, doc: Any, request: web.Request) -> Any:
     if held is None:
         raise WireError("this gateway holds no replicas (--replicas 0)")
     commit = ReplicaCommit.from_json(doc)
+    if side.fleet.takeover is not None:
+        side.fleet.takeover.heard_from(commit.owner, commit.datadir_id)
     expected = _expected_md5(commit)
     missing, superseded = await held.store.commit(
         commit.owner,
@@ -156,7 +158,7 @@ async def replica_drop(side: PeerSide, doc: Any, request: web.Request) -> Any:
 async def replica_needed(side: PeerSide, doc: Any, request: web.Request) -> Any:
     owner, datadir, seqs = _seqs(doc)
     if owner != side.fleet.me.node_id or datadir != side.fleet.me.datadir_id:
-        return {"needed": []}  # another incarnation's versions: none is needed by this one
+        return {"needed": None}  # another incarnation's versions: lost with its disk
     return {"needed": sorted(await side.journal.unflushed_seqs(seqs))}
 
 

@@ -4,15 +4,22 @@
 A version is named by its key, its acknowledgement time (microseconds) and its writer's
 node id, data-dir id and sequence number. Whoever uploads it (its writer, or a member
 holding its replica after the writer was lost) first claims it:
-``PUT <control-prefix>claims/<key hash>/<acked µs>/<writer>/<data-dir>/<seq>.<epoch>``
+``PUT <control-prefix>claims/<key hash>/<acked µs>/<writer>/<data-dir>/<seq>.<etag>.<epoch>``
 with ``If-None-Match: *`` in the version's bucket. Epoch 1 first; a claim whose claimant
 is itself lost is taken over at the next epoch. After the upload the uploader writes
-``...<seq>.done``: nobody uploads a version whose ``.done`` exists.
+``...<seq>.<etag>.done``: nobody uploads a version whose ``.done`` exists.
 
-All claims of one key share a prefix, so a taker-over can list them (``newer_claimed``):
-a version claimed after the one it holds (the same writer's later sequence number, or a
+A claim names its claimant's incarnation (node id, data dir, start). Only the run that
+made a claim resumes it (a try that lost its answer); a claim of an earlier run, this
+node's or another's, is taken over at the next epoch like a lost claimant's. So a writer
+back from a restart and a member taking over from it race for the same new epoch, and the
+bucket picks one.
+
+All claims of one key share a prefix, so a taker-over can list them (``claimed``): a
+version claimed after the one it holds (the same writer's later sequence number, or a
 later acknowledgement by another writer, as the fleet orders writes) is on its way or in
-the bucket, and the older one is never put over it. Claim objects hold their claimant and
+the bucket, and the older one is never put over it; and the ETags in the names say
+whether what the bucket holds came through the fleet at all. Claim objects hold their claimant and
 epoch (JSON); they are small, and the control prefix is never listed to clients (an S3
 lifecycle rule on it can expire them).
 """
@@ -55,6 +62,29 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class Claimant:
+    node_id: str
+    datadir_id: str
+    started_s: float
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "claimant": self.node_id,
+            "datadir_id": self.datadir_id,
+            "started_s": self.started_s,
+        }
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Claimant | None:
+        """None: unreadable (treated as lost: taken over at the next epoch)."""
+        try:
+            doc = json.loads(raw)
+            return cls(str(doc["claimant"]), str(doc["datadir_id"]), float(doc["started_s"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass(frozen=True, slots=True)
 class Version:
     """A replicated version's identity: its key, when it was acknowledged, its writer's."""
 
@@ -64,6 +94,7 @@ class Version:
     owner: str
     datadir_id: str
     seq: int
+    etag: str  # "" for a delete
 
     @property
     def acked_us(self) -> int:
@@ -87,23 +118,23 @@ def _parse(bucket: str, key: str, name: str) -> Version | None:
     """The version a claim object's name (below its key prefix) stands for."""
     try:
         acked_us, owner, datadir, last = name.split("/")
-        seq = int(last.partition(".")[0])
-        return Version(bucket, key, int(acked_us) / 1e6, owner, datadir, seq)
+        seq, etag, _ = last.split(".")
+        return Version(bucket, key, int(acked_us) / 1e6, owner, datadir, int(seq), etag)
     except ValueError:
         return None
 
 
 class Claims:
-    """Claims for ``me`` (see the module docstring). ``is_lost(node)``: whether a claimant
-    may be taken over (lost by this node's view: unreachable past ``--peer-timeout``, or
-    back with a new data dir)."""
+    """Claims for ``me`` (see the module docstring). ``is_lost(node, datadir, started)``:
+    whether a claimant (an incarnation) may be taken over: lost by this node's view
+    (unreachable past ``--peer-timeout``, back with another data dir) or restarted since."""
 
     def __init__(
         self,
         bucket_client: ClaimBucket,
-        me: str,
+        me: Claimant,
         control_prefix: str,
-        is_lost: Callable[[str], bool],
+        is_lost: Callable[[str, str | None, float | None], bool],
     ) -> None:
         self._bucket = bucket_client
         self._me = me
@@ -113,13 +144,13 @@ class Claims:
     def _key(self, v: Version, suffix: str) -> str:
         return (
             f"{key_prefix(self._prefix, v.key)}{v.acked_us:017d}/{v.owner}/{v.datadir_id}/"
-            f"{v.seq}.{suffix}"
+            f"{v.seq}.{v.etag}.{suffix}"
         )
 
     async def claim(self, v: Version) -> Claim:
         """Claim ``v`` (FlushError when the bucket cannot be asked: try again later)."""
+        body = json.dumps(self._me.to_json()).encode()
         for epoch in range(1, _MAX_EPOCHS + 1):
-            body = json.dumps({"claimant": self._me, "epoch": epoch}).encode()
             # Nobody claimed this epoch before: nobody uploaded it since (every upload is
             # claimed first), so no done mark can exist yet. Two requests in the usual case.
             if await self._bucket.put_if_absent(v.bucket, self._key(v, str(epoch)), body):
@@ -128,34 +159,28 @@ class Claims:
                 return Claim(Outcome.DONE)
             holder = await self._claimant(v, epoch)
             if holder == self._me:
-                # Ours (a try that lost its answer, or from before a restart) unless a later
-                # epoch shows it was taken over from us meanwhile.
+                # Ours, this run's (a try that lost its answer), unless a later epoch shows
+                # it was taken over from us meanwhile.
                 if await self._claimant(v, epoch + 1) is None:
                     return Claim(Outcome.WON, epoch)
                 continue
-            if holder is not None and not self._is_lost(holder):
-                return Claim(Outcome.HELD, epoch, holder)
+            if holder is not None and not self._is_lost(
+                holder.node_id, holder.datadir_id, holder.started_s
+            ):
+                return Claim(Outcome.HELD, epoch, holder.node_id)
+            # Lost, an earlier run's (this node's too) or unreadable: the next epoch.
         raise Retryable(f"claims of {v}: more than {_MAX_EPOCHS} epochs")
 
-    async def _claimant(self, v: Version, epoch: int) -> str | None:
+    async def _claimant(self, v: Version, epoch: int) -> Claimant | None:
         raw = await self._bucket.get_small(v.bucket, self._key(v, str(epoch)))
-        if raw is None:
-            return None
-        try:
-            return str(json.loads(raw)["claimant"])
-        except (ValueError, KeyError, TypeError):
-            return None  # unreadable: treated as lost, taken over at the next epoch
+        return None if raw is None else Claimant.parse(raw)
 
     async def done(self, v: Version) -> None:
         """Record that ``v`` is uploaded (idempotent)."""
         await self._bucket.put_if_absent(v.bucket, self._key(v, "done"), b"{}")
 
-    async def newer_claimed(self, v: Version) -> bool:
-        """Whether a newer version of ``v``'s key was claimed (it is being uploaded or is
-        in the bucket): then ``v`` must not be put over it."""
+    async def claimed(self, v: Version) -> set[Version]:
+        """Every version of ``v``'s key claimed so far, by any writer or taker-over."""
         prefix = key_prefix(self._prefix, v.key)
-        for name in await self._bucket.list_keys(v.bucket, prefix):
-            other = _parse(v.bucket, v.key, name[len(prefix) :])
-            if other is not None and other.is_newer_than(v):
-                return True
-        return False
+        names = await self._bucket.list_keys(v.bucket, prefix)
+        return {p for n in names if (p := _parse(v.bucket, v.key, n[len(prefix) :])) is not None}

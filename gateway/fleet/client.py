@@ -225,10 +225,14 @@ class PeerClient:
 
     async def replica_needed(
         self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
-    ) -> list[int]:
+    ) -> list[int] | None:
         doc = {"owner": owner, "datadir_id": datadir_id, "seqs": list(seqs)}
         answer = await self._call(address, "replica/needed", doc, timeout_s)
-        needed = answer.get("needed") if isinstance(answer, dict) else None
+        if not isinstance(answer, dict) or "needed" not in answer:
+            raise PeerUnavailable("replica needed: bad answer")
+        needed = answer["needed"]
+        if needed is None:
+            return None  # not its data dir: that incarnation is gone
         if not isinstance(needed, list):
             raise PeerUnavailable("replica needed: bad answer")
         return [int(n) for n in needed]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from gateway.clock import Clock
 from gateway.fleet.membership import Member, Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
-from gateway.fleet.wire import DrainAnswer, DrainRequest
+from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest
 
 log = logging.getLogger(__name__)
 
@@ -212,11 +212,14 @@ class FleetFence:
         """Ask one member until it answers drained (or leaves); see the module docstring."""
         waiting = hold.waiting[node_id]
         backoff_s = _RETRY_FIRST_S
+        came_back_empty = False
         while not hold.is_released:
             member = self._membership.get(node_id)
             if member is None or member.has_left:
                 break  # forgotten by an operator, or left with nothing unflushed
-            if self.lost is not None and self.lost.is_lost(node_id, waiting.expected_datadir):
+            if self.lost is not None and (
+                came_back_empty or self.lost.is_lost(node_id, waiting.expected_datadir)
+            ):
                 # Its replicas are taken over: done once every holder uploaded them.
                 request = DrainRequest(
                     hold.bucket, hold.prefix, 0.0, True, node_id, waiting.expected_datadir
@@ -244,6 +247,9 @@ class FleetFence:
             backoff_s = _RETRY_FIRST_S
             if waiting.expected_datadir is None:
                 waiting.expected_datadir = answer.node.datadir_id
+            if answer.node.datadir_id != waiting.expected_datadir and self.lost is not None:
+                came_back_empty = True  # what it held lives on in its replicas
+                continue
             if answer.node.datadir_id != waiting.expected_datadir:
                 waiting.state, waiting.detail = "lost-data", answer.node.datadir_id
                 log.warning(
@@ -290,24 +296,31 @@ class FleetFence:
         )
         return all(a is not None and a.drained for a in answers)
 
-    async def drained_everywhere(self, bucket: str, prefix: str) -> bool:
+    async def drained_everywhere(self, bucket: str, prefix: str, me: str) -> bool:
         """For a taken-over commit marker: is everything under ``prefix`` (markers aside)
-        durable here, on every member, and of every lost member (its replicas)?"""
+        durable here and on every member that is not lost, and is every replica under it
+        of any other writer (a lost member, an earlier data dir of a member back with an
+        empty disk) uploaded, here and on every member that is not lost? ``me``: this
+        node's "node/data dir"."""
         assert self.lost is not None
         request = DrainRequest(bucket, prefix, 0.0, exclude_markers=True)
         if not (await self.lost.local_drain(request)).drained:
             return False
+        live, asked = [me], []
         for member in self._membership.active():
             datadir = member.info.datadir_id if member.info else None
             if self.lost.is_lost(member.node_id, datadir):
-                ask = DrainRequest(bucket, prefix, 0.0, True, member.node_id, datadir)
-                if not await self.owner_drained(ask):
-                    return False
-                continue
+                continue  # its writes: covered by its replicas, asked of the others below
             answer = await self._try_drain(member, request)
             if answer is None or not answer.drained:
                 return False
-        return True
+            live.append(f"{member.node_id}/{answer.node.datadir_id}")
+            asked.append(member)
+        orphans = DrainRequest(bucket, prefix, 0.0, True, ANY_LOST_WRITER, live_writers=tuple(live))
+        answers = await asyncio.gather(
+            self.lost.local_replicas(orphans), *(self._try_drain(m, orphans) for m in asked)
+        )
+        return all(a is not None and a.drained for a in answers)
 
     async def _try_drain(self, member: Member, request: DrainRequest) -> DrainAnswer | None:
         try:

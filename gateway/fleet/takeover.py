@@ -26,7 +26,7 @@ from gateway.clock import Clock
 from gateway.fleet.claims import Claims, Outcome, Version
 from gateway.fleet.membership import Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
-from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo
+from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest, NodeInfo
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore, close_bodies, open_bodies
 from gateway.store.replicas import Replica, ReplicaStore
@@ -56,10 +56,9 @@ class UploadClaims:
         self._me = me
 
     def _version(self, obj: LocalObject) -> Version:
-        meta = obj.meta
-        return Version(
-            meta.bucket, meta.key, obj.acked_s, self._me.node_id, self._me.datadir_id, obj.seq
-        )
+        meta, me = obj.meta, self._me
+        etag = "" if obj.is_delete else meta.etag
+        return Version(meta.bucket, meta.key, obj.acked_s, me.node_id, me.datadir_id, obj.seq, etag)
 
     async def before_upload(self, obj: LocalObject) -> str:
         claim = await self._claims.claim(self._version(obj))
@@ -100,7 +99,7 @@ class Takeover:
         clock: Clock,
         config: TakeoverConfig,
         held_bytes: Callable[[], int],
-        wait_fleet_drained: Callable[[str, str], Awaitable[bool]] | None = None,
+        wait_fleet_drained: Callable[[str, str, str], Awaitable[bool]] | None = None,
     ) -> None:
         self._me = me
         self._membership = membership
@@ -114,37 +113,84 @@ class Takeover:
         self._held_bytes = held_bytes
         self._wait_drained = wait_fleet_drained
         self._asked_s: dict[tuple[str, str], float] = {}
+        self._heard: dict[str, tuple[str, float]] = {}  # writer -> (data dir, monotonic s)
+        self._gone: set[tuple[str, str]] = set()  # (writer, data dir) it no longer runs on
+        # Versions this node claimed and has not finished: finished even if their writer
+        # comes back meanwhile (it waits on the claim).
+        self._unfinished: set[tuple[str, str, int]] = set()
         # Replicas held here, by writer, as of the last round (the status says so).
         self.held: list[dict[str, object]] = []
 
-    def is_lost(self, node_id: str, datadir_id: str | None = None) -> bool:
-        """Lost by this node's view: not a member (forgotten), back with another data dir
-        than ``datadir_id``, or silent for ``peer_timeout_s``."""
+    def is_lost(
+        self, node_id: str, datadir_id: str | None = None, alive_at_s: float | None = None
+    ) -> bool:
+        """Lost by this node's view: not a member (forgotten), started from another data
+        dir than ``datadir_id`` after ``alive_at_s`` (when that data dir was last known
+        alive, on the node's own clock; None: any time), or silent for ``peer_timeout_s``.
+        A data dir newer than this node has heard of is not lost: its view is behind."""
         if node_id == self._me.node_id:
             return datadir_id is not None and datadir_id != self._me.datadir_id
+        if datadir_id is not None and (node_id, datadir_id) in self._gone:
+            return True
+        heard = self._heard.get(node_id)
+        if heard is not None and self._clock.monotonic() - heard[1] < self._config.peer_timeout_s:
+            # It committed a replica here lately: alive, with that data dir (membership
+            # may not have heard from it yet).
+            return datadir_id is not None and datadir_id != heard[0]
         member = self._membership.get(node_id)
         if member is None:
             return True
+        info = member.info
         if (
             datadir_id is not None
-            and member.info is not None
-            and member.info.datadir_id != datadir_id
+            and info is not None
+            and info.datadir_id != datadir_id
+            and info.started_s > 0
+            and (alive_at_s is None or info.started_s > alive_at_s)
         ):
-            return member.info.started_s > 0  # it answered since, from another data dir
-        since = member.unreachable_since_s
-        return (
-            member.is_reachable is False
-            and since is not None
-            and self._clock.monotonic() - since >= self._config.peer_timeout_s
+            return True  # it answered since, from a data dir it started after that one
+        if member.is_reachable is not False or member.unreachable_since_s is None:
+            return False
+        # Silent: neither answering nor asking (a node back from a restart asks for its
+        # leases before it flushes anything).
+        silent_since_s = max(member.unreachable_since_s, member.heard_s or float("-inf"))
+        return self._clock.monotonic() - silent_since_s >= self._config.peer_timeout_s
+
+    def claimant_lost(self, node_id: str, datadir_id: str, started_s: float) -> bool:
+        """Whether a claim's claimant (an incarnation) is gone: lost, or restarted since
+        (a claim dies with the process that made it)."""
+        if node_id == self._me.node_id:
+            return started_s != self._me.started_s or datadir_id != self._me.datadir_id
+        member = self._membership.get(node_id)
+        restarted = (
+            member is not None
+            and member.info is not None
+            and member.info.datadir_id == datadir_id
+            and member.info.started_s > started_s
         )
+        return restarted or self.is_lost(node_id, datadir_id, started_s)
+
+    def heard_from(self, owner: str, datadir_id: str) -> None:
+        """A writer committed a replica here: it is alive, with this data dir."""
+        self._heard[owner] = (datadir_id, self._clock.monotonic())
 
     async def owner_answer(self, ask: DrainRequest) -> DrainAnswer:
         """This node's part of a lost writer's drain: its replicas of ``ask.owner`` under
         the prefix not uploaded yet (markers aside, when asked)."""
         assert ask.owner is not None
+        if ask.owner == ANY_LOST_WRITER:
+            live = set(ask.live_writers)
+            held = [
+                r
+                for owner, datadir, *_ in await self._store.owners()
+                if f"{owner}/{datadir}" not in live
+                for r in await self._store.of_owner(owner, datadir)
+            ]
+        else:
+            held = await self._store.of_owner(ask.owner, ask.owner_datadir)
         left = [
             r
-            for r in await self._store.of_owner(ask.owner, ask.owner_datadir)
+            for r in held
             if not r.is_uploaded
             and r.meta.key.startswith(ask.prefix)
             and (ask.bucket is None or r.meta.bucket == ask.bucket)
@@ -167,8 +213,8 @@ class Takeover:
             await self._store.drop_stale_staged(self._clock.wall() - _STAGED_TTL_S)
         )
         held = []
-        for owner, datadir, versions, size in await self._store.owners():
-            lost = self.is_lost(owner, datadir)
+        for owner, datadir, versions, size, newest_s in await self._store.owners():
+            lost = self.is_lost(owner, datadir, newest_s)
             held.append(
                 {
                     "writer": owner,
@@ -181,6 +227,7 @@ class Takeover:
             if lost:
                 await self._take_over(owner, datadir)
             else:
+                await self._finish_claimed(owner, datadir)
                 await self._forget_unneeded(owner, datadir)
         self.held = held
         metrics.REPLICA_HELD_BYTES.set(self._held_bytes())
@@ -197,17 +244,26 @@ class Takeover:
         if not held:
             return
         try:
-            needed = set(
-                await self._transport.replica_needed(
-                    member.address, owner, datadir, [r.seq for r in held], 10.0
-                )
+            answer = await self._transport.replica_needed(
+                member.address, owner, datadir, [r.seq for r in held], 10.0
             )
         except PeerUnavailable:
             return
         self._asked_s[(owner, datadir)] = now_s
+        if answer is None:  # it runs on another data dir: these are a lost writer's
+            self._gone.add((owner, datadir))
+            return
+        needed = set(answer)
         done = [r.seq for r in held if r.seq not in needed]
         if done:
             await self._blobs.discard(await self._store.drop(owner, datadir, done))
+
+    async def _finish_claimed(self, owner: str, datadir: str) -> None:
+        """Versions claimed here while their writer was lost: their writer, back, waits on
+        this node's claim."""
+        for replica in await self._store.of_owner(owner, datadir):
+            if replica.version in self._unfinished and not replica.is_uploaded:
+                await self._take_one(replica)
 
     async def _take_over(self, owner: str, datadir: str) -> None:
         for replica in await self._store.of_owner(owner, datadir):
@@ -220,7 +276,8 @@ class Takeover:
             if not replica.is_uploaded and self._config.is_marker(replica.meta.key):
                 parent = replica.meta.key.rpartition("/")[0] + "/"
                 assert self._wait_drained is not None
-                if await self._wait_drained(replica.meta.bucket, parent):
+                me = f"{self._me.node_id}/{self._me.datadir_id}"
+                if await self._wait_drained(replica.meta.bucket, parent, me):
                     await self._take_one(replica)  # else: its directory is not drained yet
 
     async def _take_one(self, replica: Replica) -> None:
@@ -231,14 +288,17 @@ class Takeover:
             replica.owner,
             replica.datadir_id,
             replica.seq,
+            "" if replica.is_delete else replica.meta.etag,
         )
         try:
             claim = await self._claims.claim(version)
             if claim.outcome is Outcome.HELD:
                 return
             if claim.outcome is Outcome.WON:
+                self._unfinished.add(replica.version)
                 await self._upload(replica, version)
                 await self._claims.done(version)  # also when not sent: nothing left to do
+                self._unfinished.discard(replica.version)
                 metrics.TAKEOVERS.inc()
                 log.warning(
                     "took over %s/%s seq=%d of lost gateway %s",
@@ -267,14 +327,16 @@ class Takeover:
             state = await self._upstream.state_of(meta.bucket, meta.key)
             if state is not None and state[0] == meta.etag and not replica.is_delete:
                 return  # already there (its writer uploaded it before it was lost)
-            if await self._claims.newer_claimed(version):
+            claimed = await self._claims.claimed(version)
+            if any(other.is_newer_than(version) for other in claimed):
                 log.info(
                     "%s/%s: a newer version was claimed; not taken over", meta.bucket, meta.key
                 )
                 return
             # Written by something that does not claim (not a gateway with replicas on):
             # ordered by the bucket's clock against the acknowledgement.
-            if state is not None and state[1] > replica.acked_s + _NEWER_MARGIN_S:
+            foreign = state is not None and state[0] not in {c.etag for c in claimed}
+            if foreign and state is not None and state[1] > replica.acked_s + _NEWER_MARGIN_S:
                 log.info(
                     "%s/%s: the bucket holds a newer version; not taken over", meta.bucket, meta.key
                 )

@@ -147,9 +147,10 @@ class PeerTransport(Protocol):
 
     async def replica_needed(
         self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
-    ) -> list[int]:
+    ) -> list[int] | None:
         """Ask a writer which of these versions of its own it still needs held (the rest
-        are durable upstream or superseded there)."""
+        are durable upstream or superseded there). None: it runs on another data dir now
+        (those versions' writer is lost: they are taken over, never dropped)."""
         ...
 
     async def list_rows(

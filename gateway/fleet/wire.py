@@ -210,9 +210,11 @@ class DrainRequest:
     prefix: str
     wait_s: float
     exclude_markers: bool = False
-    # Not this node's own writes: the replicas it holds of this lost writer's (data dir's).
+    # Not this node's own writes: the replicas it holds of this lost writer's (data dir's);
+    # ANY_LOST_WRITER: of every writer but the ``live_writers`` ("node/data dir").
     owner: str | None = None
     owner_datadir: str | None = None
+    live_writers: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -222,6 +224,7 @@ class DrainRequest:
             "exclude_markers": self.exclude_markers,
             "owner": self.owner,
             "owner_datadir": self.owner_datadir,
+            "live_writers": list(self.live_writers),
         }
 
     @classmethod
@@ -237,7 +240,17 @@ class DrainRequest:
             bool(_field(doc, "exclude_markers", bool)),
             _optional_str(doc, "owner"),
             _optional_str(doc, "owner_datadir"),
+            _strings(doc.get("live_writers", [])),
         )
+
+
+ANY_LOST_WRITER = "*"
+
+
+def _strings(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw) or len(raw) > 4096:
+        raise WireError("expected a list of at most 4,096 strings")
+    return tuple(raw)
 
 
 @dataclass(frozen=True, slots=True)

@@ -308,14 +308,15 @@ class ReplicaStore:
 
         return await self._journal.run_read(op)
 
-    async def owners(self) -> list[tuple[str, str, int, int]]:
-        """(owner, data dir, versions, bytes) of every writer replicas are held for."""
+    async def owners(self) -> list[tuple[str, str, int, int, float]]:
+        """(owner, data dir, versions, bytes, newest acknowledgement) of every writer
+        replicas are held for."""
 
-        def op(conn: sqlite3.Connection) -> list[tuple[str, str, int, int]]:
+        def op(conn: sqlite3.Connection) -> list[tuple[str, str, int, int, float]]:
             rows = conn.execute(
-                "SELECT owner, datadir_id, COUNT(*), COALESCE(SUM(size_bytes), 0) FROM replicas "
-                "GROUP BY owner, datadir_id ORDER BY owner"
+                "SELECT owner, datadir_id, COUNT(*), COALESCE(SUM(size_bytes), 0), "
+                "MAX(acked_s) FROM replicas GROUP BY owner, datadir_id ORDER BY owner"
             ).fetchall()
-            return [(str(o), str(d), int(n), int(b)) for o, d, n, b in rows]
+            return [(str(o), str(d), int(n), int(b), float(t)) for o, d, n, b, t in rows]
 
         return await self._journal.run_read(op)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.fleet.claims import Claims, Outcome, Version, key_prefix
+from gateway.fleet.claims import Claimant, Claims, Outcome, Version, key_prefix
 
 
 class MemoryBucket:
@@ -30,12 +30,19 @@ class MemoryBucket:
 
 
 def version(seq: int = 1, owner: str = "a", acked_s: float = 100.0, key: str = "k") -> Version:
-    return Version("b", key, acked_s, owner, f"dir-{owner}", seq)
+    return Version("b", key, acked_s, owner, f"dir-{owner}", seq, f"etag{seq}{owner}")
 
 
-def claims_of(bucket: MemoryBucket, me: str, lost: set[str] | None = None) -> Claims:
+def claims_of(
+    bucket: MemoryBucket, me: str, lost: set[str] | None = None, started_s: float = 1.0
+) -> Claims:
     gone = lost if lost is not None else set()
-    return Claims(bucket, me, ".gateway/", lambda node: node in gone)
+
+    def is_lost(node: str, datadir: str | None, started: float | None) -> bool:
+        # As Takeover.claimant_lost: lost by the view, or an earlier run of this node.
+        return node in gone or (node == me and started != started_s)
+
+    return Claims(bucket, Claimant(me, f"dir-{me}", started_s), ".gateway/", is_lost)
 
 
 async def test_one_winner_and_the_others_see_who_holds_it() -> None:
@@ -63,8 +70,29 @@ async def test_a_claimant_that_lost_its_answer_finds_its_own_claim() -> None:
     bucket = MemoryBucket()
     v = version()
     await claims_of(bucket, "a").claim(v)
-    again = await claims_of(bucket, "a").claim(v)  # a retry after a lost answer / restart
+    again = await claims_of(bucket, "a").claim(v)  # a retry after a lost answer
     assert (again.outcome, again.epoch) == (Outcome.WON, 1)
+
+
+async def test_after_a_restart_the_writer_and_a_taker_over_race_for_a_new_epoch() -> None:
+    bucket = MemoryBucket()
+    v = version()
+    await claims_of(bucket, "a", started_s=1.0).claim(v)  # then a is killed, restarts
+    back = claims_of(bucket, "a", started_s=2.0)
+    taker = claims_of(bucket, "b", {"a"})  # b saw a silent past --peer-timeout
+    first, second = await taker.claim(v), await back.claim(v)
+    assert (first.outcome, first.epoch) == (Outcome.WON, 2)  # b won the race for epoch 2
+    assert (second.outcome, second.holder) == (Outcome.HELD, "b")  # a learns it, not epoch 1
+
+
+async def test_a_claimant_back_with_another_data_dir_is_taken_over() -> None:
+    bucket = MemoryBucket()
+    v = version()
+    await claims_of(bucket, "b").claim(v)  # b claims a's version, then loses its disk
+    wiped = Claims(bucket, Claimant("b", "dir-new", 5.0), ".gateway/", lambda n, d, t: False)
+    c = Claims(bucket, Claimant("c", "dir-c", 1.0), ".gateway/", lambda n, d, t: d == "dir-b")
+    assert (await c.claim(v)).outcome is Outcome.WON
+    assert (await wiped.claim(v)).outcome is Outcome.HELD
 
 
 async def test_done_ends_every_later_claim() -> None:
@@ -97,9 +125,11 @@ async def test_claims_of_a_key_share_its_prefix_whatever_the_key() -> None:
         (version(), version(), False),  # itself
     ],
 )
-async def test_newer_claimed_orders_versions_as_the_fleet_does(
+async def test_claimed_versions_are_ordered_as_the_fleet_orders_writes(
     claimed: Version, held: Version, newer: bool
 ) -> None:
     bucket = MemoryBucket()
     await claims_of(bucket, claimed.owner).claim(claimed)
-    assert await claims_of(bucket, "c").newer_claimed(held) is newer
+    found = await claims_of(bucket, "c").claimed(held)
+    assert found == ({claimed} if claimed.key == held.key else set())  # ETags too
+    assert any(v.is_newer_than(held) for v in found) is newer
