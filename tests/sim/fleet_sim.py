@@ -357,7 +357,9 @@ class SimNode:
         )
 
     async def _flush_loop(self) -> None:
-        while True:
+        # Not ``while True``: Python 3.11's wait_for can swallow the kill's cancellation,
+        # and a dead node must not go on flushing.
+        while self.is_up:
             ready = [
                 r for r in self.disk.pending.values() if not self.is_paused and self._may_flush(r)
             ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -266,7 +267,16 @@ class ReplicaNode(SimNode):
 
     async def start(self) -> None:
         await super().start()
-        self.spawn(self.takeover.run())
+        self.spawn(self._takeover_rounds())
+
+    async def _takeover_rounds(self) -> None:
+        """``Takeover.run`` while the node is up (see ``_flush_loop``)."""
+        while self.is_up:
+            try:
+                await self.takeover.round()
+            except Exception:  # as Takeover.run: logged, the next round runs
+                logging.getLogger(__name__).exception("takeover round failed")
+            await asyncio.sleep(1.0)
 
     # -- writes -----------------------------------------------------------------------------
 
