@@ -119,6 +119,7 @@ async def replica_commit(side: PeerSide, doc: Any, request: web.Request) -> Any:
         commit.parts,
         commit.acked_s,
         expected,
+        None if commit.body is None else (commit.body, side.clock.wall()),
     )
     await held.blobs.discard(superseded)
     return {"missing": missing}

@@ -5,7 +5,9 @@ key over the reachable members, another zone first) and returns a ``ReplicaWrite
 ``tee`` passes the request body through while streaming it to every holder (each stages it
 durably and answers its MD5 and size), ``staged`` says which holders have it, and
 ``commit`` commits the version on them after the writer's own journal commit. The write is
-acknowledged only after ``commit`` (``copies`` says on how many holders it is).
+acknowledged only after ``commit`` (``copies`` says on how many holders it is). A small
+body (``SMALL_BODY_BYTES``) is not streamed: it travels with the commit, which stages and
+commits it on the holder in one request and one fsync.
 
 Loop-bound. A holder that fails is left out of the rest of the write, never retried within
 it: the policy decides whether fewer copies may be acknowledged.
@@ -25,14 +27,12 @@ from gateway.errors import SlowDown
 from gateway.fleet.membership import Member, Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
 from gateway.fleet.view import Holder
-from gateway.fleet.wire import NodeInfo, ReplicaCommit
+from gateway.fleet.wire import INLINE_BODY_MAX_BYTES, NodeInfo, ReplicaCommit
 from gateway.models import ObjectMeta
 
 log = logging.getLogger(__name__)
 _QUEUE_PIECES = 4  # body pieces buffered per holder (the slowest holder paces the write)
-# A body this small is sent whole at its end (one request with a length, staged in the
-# holder's journal row) rather than streamed.
-SMALL_BODY_BYTES = 64 << 10
+SMALL_BODY_BYTES = INLINE_BODY_MAX_BYTES
 _COMMIT_TIMEOUT_S = 10.0
 _BODY_TIMEOUT_S = 30.0  # a holder that takes a piece no faster than this is left out
 
@@ -94,7 +94,7 @@ class Replication:
         anything is written)."""
         holders = self.holders(bucket, key)
         self._enough(len(holders), f"{bucket}/{key}")
-        small = size_hint is not None and size_hint <= SMALL_BODY_BYTES
+        small = upload is None and size_hint is not None and size_hint <= SMALL_BODY_BYTES
         return ReplicaWrite(self, bucket, key, holders, upload, is_small=small)
 
     def _enough(self, copies: int, what: str) -> None:
@@ -137,13 +137,14 @@ class ReplicaWrite:
         self.stage_id = f"{upload[0]}.{upload[1]}" if upload else uuid.uuid4().hex
         self._queues: dict[str, asyncio.Queue[bytes | None]] = {}
         self._sends: dict[str, asyncio.Task[tuple[str, int]]] = {}
+        self._small_body: bytes | None = None  # sent with the commit
         self.failed: set[str] = set()
 
     # -- the body -------------------------------------------------------------------------
 
     async def tee(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """``chunks`` as they come, each also queued for every holder (a small body: sent
-        whole once it is complete)."""
+        """``chunks`` as they come, each also queued for every holder (a small body: kept
+        for the commit)."""
         if self._is_small:
             async for chunk in self._tee_small(chunks):
                 yield chunk
@@ -176,25 +177,13 @@ class ReplicaWrite:
 
     async def _tee_small(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         pieces = []
+        size = 0
         async for chunk in chunks:
             pieces.append(chunk)
+            size += len(chunk)
             yield chunk
-        body = b"".join(pieces)
-        transport = self._replication.transport
-        owner = self._replication.me.node_id
-        for member in self.holders:
-            send = transport.replica_body(
-                member.address,
-                owner,
-                self.stage_id,
-                self.bucket,
-                self.key,
-                self.upload,
-                _whole(body),
-                _BODY_TIMEOUT_S,
-                size_bytes=len(body),
-            )
-            self._sends[member.node_id] = asyncio.ensure_future(send)
+        if size <= SMALL_BODY_BYTES:  # else (a short size hint): committed without it
+            self._small_body = b"".join(pieces)
 
     async def _put(self, piece: bytes | None) -> None:
         for node, queue in self._queues.items():
@@ -224,7 +213,10 @@ class ReplicaWrite:
 
     async def staged(self, md5_hex: str, size_bytes: int) -> list[Member]:
         """The holders that staged the body (its MD5 and size as written here). Strict
-        policy: SlowDown when fewer than N did (nothing is committed anywhere then)."""
+        policy: SlowDown when fewer than N did (nothing is committed anywhere then). A
+        small body is with every holder so far: it travels with the commit."""
+        if self._small_body is not None:
+            return list(self.holders)
         out = []
         for member in self.holders:
             send = self._sends.get(member.node_id)
@@ -286,6 +278,7 @@ class ReplicaWrite:
             tuple(stage_ids),
             tuple(parts),
             acked_s,
+            self._small_body if list(stage_ids) == [self.stage_id] else None,
         )
         chosen = [m for m in self.holders if m.node_id in {h.node_id for h in holders}]
         results = await asyncio.gather(*(self._commit_one(m, doc, resend) for m in chosen))
@@ -326,10 +319,6 @@ class ReplicaWrite:
             )
             return False
         return not missing
-
-
-async def _whole(body: bytes) -> AsyncIterator[bytes]:
-    yield body
 
 
 async def _drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:

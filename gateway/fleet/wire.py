@@ -7,6 +7,7 @@ malformed, so a bad or hostile body is a 400, never a traceback.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -333,7 +334,9 @@ class PeerRow:
 @dataclass(frozen=True, slots=True)
 class ReplicaCommit:
     """The writer commits a version on a holder: its identity (writer, data dir, seq), its
-    metadata, and the staged bodies it is made of (in part order; none for a delete)."""
+    metadata, and the staged bodies it is made of (in part order; none for a delete). A
+    small single body may come with it (``body``, staged by the same commit: one request,
+    one fsync on the holder)."""
 
     owner: str
     datadir_id: str
@@ -343,9 +346,10 @@ class ReplicaCommit:
     stage_ids: tuple[str, ...]
     parts: tuple[tuple[int, str], ...]  # (size, etag) of each part of a multipart object
     acked_s: float
+    body: bytes | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "owner": self.owner,
             "datadir_id": self.datadir_id,
             "seq": self.seq,
@@ -355,6 +359,9 @@ class ReplicaCommit:
             "parts": [list(p) for p in self.parts],
             "acked_s": self.acked_s,
         }
+        if self.body is not None:
+            doc["body"] = base64.b64encode(self.body).decode("ascii")
+        return doc
 
     @classmethod
     def from_json(cls, raw: Any) -> ReplicaCommit:
@@ -380,4 +387,22 @@ class ReplicaCommit:
             tuple(ids),
             tuple((int(a), str(b)) for a, b in parts),
             _number(doc, "acked_s"),
+            _body(doc, len(ids)),
         )
+
+
+def _body(doc: Mapping[str, Any], stage_ids: int) -> bytes | None:
+    raw = doc.get("body")
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or len(raw) > 4 * (INLINE_BODY_MAX_BYTES // 3 + 1):
+        raise WireError(f"body: expected base64 of at most {INLINE_BODY_MAX_BYTES} bytes")
+    if stage_ids != 1:
+        raise WireError("body: only with one stage id")
+    try:
+        return base64.b64decode(raw, validate=True)
+    except ValueError as exc:
+        raise WireError(f"body: {exc}") from None
+
+
+INLINE_BODY_MAX_BYTES = 64 << 10  # a body this small travels with its replica commit

@@ -11,6 +11,7 @@ after the call returns.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from collections.abc import Sequence
@@ -99,12 +100,7 @@ class ReplicaStore:
         of a body staged before under the same id (a retry), to unlink."""
 
         def op(conn: sqlite3.Connection) -> list[str]:
-            old = conn.execute(
-                "SELECT blob_id, size_bytes FROM replica_bodies WHERE stage_id = ?", (stage_id,)
-            ).fetchone()
-            if old is not None:
-                conn.execute("DELETE FROM replica_bodies WHERE stage_id = ?", (stage_id,))
-                self._journal.record(PartsChange(-int(old[1]), is_replica=True))
+            stale = self._drop_staged(conn, [stage_id])
             conn.execute(
                 "INSERT INTO replica_bodies (stage_id, owner, bucket, key, upload_id, "
                 "part_number, blob_id, size_bytes, md5, crc32c, created_s, body) "
@@ -125,7 +121,7 @@ class ReplicaStore:
                 ),
             )
             self._journal.record(PartsChange(size_bytes, is_replica=True))
-            return [str(old[0])] if old is not None and old[0] is not None else []
+            return stale
 
         return await self._journal.run_write(op)
 
@@ -140,12 +136,14 @@ class ReplicaStore:
         parts: Sequence[tuple[int, str]],
         acked_s: float,
         expected_md5: Sequence[str | None] = (),
+        inline: tuple[bytes, float] | None = None,
     ) -> tuple[list[str], list[str]]:
         """Commit a version whose bodies are staged here (each hashing to its
         ``expected_md5``, when given). Returns the stage ids that are missing or differ
         (then nothing is committed), and the blobs of the older versions of the same key
         from the same writer it supersedes (dropped; unlink them after). A version older
-        than one already held (their commits crossed) is not kept: its bodies' blobs."""
+        than one already held (their commits crossed) is not kept: its bodies' blobs.
+        ``inline``: (body, now) of a small single body staged by this same commit."""
         wanted = dict(zip(stage_ids, [*expected_md5, *([None] * len(stage_ids))], strict=False))
 
         def staged(conn: sqlite3.Connection, stage_id: str) -> bool:
@@ -157,6 +155,19 @@ class ReplicaStore:
             return row is not None and (md5 is None or str(row[0]) == md5)
 
         def op(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
+            if inline is not None:
+                body, now_s = inline
+                md5 = hashlib.md5(body).hexdigest()
+                if wanted.get(stage_ids[0]) not in (None, md5):
+                    return list(stage_ids), []  # damaged on the way: not staged
+                stale = self._drop_staged(conn, stage_ids[:1])
+                conn.execute(
+                    "INSERT INTO replica_bodies (stage_id, owner, bucket, key, size_bytes, "
+                    "md5, created_s, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (stage_ids[0], owner, meta.bucket, meta.key, len(body), md5, now_s, body),
+                )
+                self._journal.record(PartsChange(len(body), is_replica=True))
+                assert not stale  # an inline body never had a file
             missing = [s for s in stage_ids if not staged(conn, s)]
             if missing:
                 return missing, []

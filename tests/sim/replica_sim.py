@@ -370,6 +370,7 @@ class ReplicaNode(SimNode):
     async def api_commit(self, c: ReplicaCommit) -> list[str]:
         self.takeover.heard_from(c.owner, c.datadir_id)
         expected = [c.meta.etag for _ in c.stage_ids]
+        inline = None if c.body is None else (c.body, LoopClock().wall())
         missing, _ = await self.store.commit(
             c.owner,
             c.datadir_id,
@@ -380,6 +381,7 @@ class ReplicaNode(SimNode):
             c.parts,
             c.acked_s,
             expected,
+            inline,
         )
         return missing
 
