@@ -18,7 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from gateway import cli, cli_checkpoints, cli_restore, cli_status, config, logs
+from gateway import cli, cli_checkpoints, cli_fleet, cli_restore, cli_status, config, logs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.add_arguments(sub)
     cli_checkpoints.add_arguments(sub)
     cli_restore.add_arguments(sub)
+    cli_fleet.add_arguments(sub)
     verify = sub.add_parser("verify", help="re-hash local bodies against the journal (scrub)")
     verify.add_argument("--data-dir", required=True, help="the gateway's data directory")
     args = parser.parse_args(argv)
@@ -45,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli_checkpoints.run(args)
     if args.command in cli_restore.COMMANDS:
         return cli_restore.run(args)
+    if args.command in cli_fleet.COMMANDS:
+        return cli_fleet.run(args)
     return cli.run_drain(args)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import resource
@@ -25,9 +26,11 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.admin import fleet as admin_fleet
 from gateway.admin import reads as admin_reads
 from gateway.admin.api import AdminServices, build_admin_app
 from gateway.admin.auth import resolve_admin_token
+from gateway.admin.status import FlusherView
 from gateway.cli import human_bytes
 from gateway.clock import SystemClock
 from gateway.config import Settings
@@ -42,6 +45,13 @@ from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
 from gateway.core.prefetch import Prefetcher
 from gateway.errors import S3Error
+from gateway.fleet import api as peer_api
+from gateway.fleet import auth as peer_auth
+from gateway.fleet.api import PeerSide
+from gateway.fleet.client import PeerClient
+from gateway.fleet.membership import parse_peers
+from gateway.fleet.node import Fleet, FleetConfig
+from gateway.fleet.wire import NodeInfo
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
@@ -55,6 +65,7 @@ from gateway.startup import StartupError, bind, open_data_dir, starting
 from gateway.store import origin
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
+from gateway.store.members import MemberTable
 from gateway.store.space import CacheSpace
 from gateway.store.uploads import UploadJournal
 from gateway.upstream.client import AiobotocoreUpstream, ProbeProblem
@@ -166,15 +177,18 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     if settings.is_demo:
         await _create_demo_buckets(upstream, settings.demo_bucket, found.buckets)
 
-    flusher = _flusher(settings, clock, journal, blobs, upstream)
+    fleet, peer_secret = await _fleet(settings, clock, journal, upstream, stack)
+    flusher = _flusher(settings, clock, journal, blobs, upstream, fleet)
     await flusher.attach()  # the pending rows, in memory, before any write can arrive
-    s3 = _s3_services(settings, clock, journal, blobs, upstream, space, credentials, flusher, stack)
+    s3 = _s3_services(
+        settings, clock, journal, blobs, upstream, space, credentials, flusher, fleet, stack
+    )
     with starting(f"reading the journal {journal.path}"):
         await s3.objects.verifier.load()  # files verified before: trusted until they change
     prefetcher = Prefetcher(journal, upstream, s3.objects.fills, space, clock)
     stack.push_async_callback(prefetcher.close)
     checkpoints = CheckpointService(
-        s3.listing, s3.objects, journal, markers=settings.commit_markers
+        s3.listing, s3.objects, journal, markers=settings.commit_markers, fleet=fleet
     )
     admin = AdminServices(
         journal=journal,
@@ -189,9 +203,24 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
         max_field_bytes=settings.max_header_size_bytes,
         max_headers=settings.max_headers,
     )
-    s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0)
+    peer_routes = None
+    if fleet is not None:
+        side = PeerSide(
+            fleet,
+            peer_secret,
+            clock,
+            s3.objects,
+            journal,
+            flusher.policy,
+            flusher.order,
+            functools.partial(checkpoints.node_figures, flush=FlusherView(flusher)),
+        )
+        peer_routes = functools.partial(peer_api.install, side=side)
+        admin.status_extras["fleet"] = fleet.status
+    s3_runner = build_s3_runner(s3, limits, shutdown_timeout_s=10.0, routes=peer_routes)
     admin_app = build_admin_app(admin)
     admin_reads.install(admin_app, prefetcher, checkpoints)
+    admin_fleet.install(admin_app, fleet, flusher)
     admin_runner = web.AppRunner(admin_app, handle_signals=False, access_log=None)
     if probe is not None:
         _warn_unreachable(endpoint, await probe)
@@ -212,10 +241,13 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     ]
     for task in tasks:
         stack.push_async_callback(_cancel, task)
+    if fleet is not None:
+        with starting("joining the fleet"):
+            await fleet.start()  # first leases before the first read
     admin.is_ready = True
     _announce(settings, endpoint, credentials)
     return Running(
-        settings, clock, journal, flusher, space, s3, admin, s3_runner, admin_runner, tasks
+        settings, clock, journal, flusher, space, s3, admin, s3_runner, admin_runner, tasks, fleet
     )
 
 
@@ -318,6 +350,7 @@ def _s3_services(
     space: CacheSpace,
     credentials: Mapping[str, str],
     flusher: Flusher,
+    fleet: Fleet | None,
     stack: contextlib.AsyncExitStack,
 ) -> S3Services:
     buckets = BucketService(journal, blobs, upstream, clock)
@@ -333,6 +366,7 @@ def _s3_services(
         space=space,
         upstream=upstream,
         listener=flusher.early if settings.early_multipart else None,
+        fleet=fleet,
     )
     object_service = ObjectService(
         journal,
@@ -351,13 +385,14 @@ def _s3_services(
         # Reads of the upstream share the flusher's global bytes/s budget.
         budget=None if flusher.bandwidth.unlimited else flusher.bandwidth,
         inline_max_bytes=settings.inline_threshold_bytes,
+        fleet=fleet,
     )
     stack.push_async_callback(object_service.fills.close)
     stack.push_async_callback(object_service.verifier.close)
     return S3Services(
         objects=object_service,
         buckets=buckets,
-        listing=ListingService(journal, upstream),
+        listing=ListingService(journal, upstream, fleet),
         multipart=multipart,
         copy=CopyService(
             journal,
@@ -370,8 +405,9 @@ def _s3_services(
             max_object_bytes=settings.max_object_bytes,
             max_part_bytes=settings.max_object_bytes,
             space=space,
+            fleet=fleet,
         ),
-        deletes=DeleteService(journal, blobs, buckets, clock),
+        deletes=DeleteService(journal, blobs, buckets, clock, fleet),
         attributes=ObjectAttributesService(journal, upstream, buckets),
         credentials=credentials,
         region=settings.upstream_region,
@@ -388,6 +424,7 @@ def _flusher(
     journal: Journal,
     blobs: BlobStore,
     upstream: AiobotocoreUpstream,
+    fleet: Fleet | None,
 ) -> Flusher:
     return Flusher(
         journal,
@@ -417,7 +454,65 @@ def _flusher(
         bandwidth_bytes_per_s=settings.flush_bandwidth_bytes,
         bandwidth_burst_bytes=settings.flush_bandwidth_burst_bytes,
         multipart_threshold_bytes=settings.multipart_threshold_bytes,
+        marker_holds=fleet,
     )
+
+
+async def _fleet(
+    settings: Settings,
+    clock: SystemClock,
+    journal: Journal,
+    upstream: AiobotocoreUpstream,
+    stack: contextlib.AsyncExitStack,
+) -> tuple[Fleet | None, bytes]:
+    """This gateway as a member of its fleet (docs/fleet.md), or None without --peers:
+    then nothing of the fleet is built or runs."""
+    if settings.peers is None:
+        return None, b""
+    with starting("joining the fleet"):
+        secret = await _peer_secret(settings, upstream)
+        table = MemberTable(journal)
+        node_id = settings.node_id or os.environ.get("NODE_NAME") or socket.gethostname()
+        me = NodeInfo(node_id, await table.datadir_id(), clock.wall())
+        scheme = "https" if settings.tls_cert else "http"
+        transport = PeerClient(node_id, secret, clock, scheme=scheme)
+        stack.push_async_callback(transport.close)
+        config = FleetConfig(
+            port=_split(settings.listen).port,
+            lease_s=settings.peer_lease_s,
+            refresh_s=settings.peer_refresh_s,
+            read_timeout_s=settings.peer_read_timeout_s,
+        )
+
+        def has_unflushed(bucket: str, prefix: str) -> bool:
+            return not journal.figures.unflushed_under(bucket, prefix).is_empty
+
+        fleet = Fleet(
+            me, config, parse_peers(settings.peers), transport, table, clock, has_unflushed
+        )
+        stack.push_async_callback(fleet.stop, say_bye=False)
+        await fleet.load()
+    log.info("fleet: this gateway is %s; peers from %s", node_id, settings.peers)
+    return fleet, secret
+
+
+async def _peer_secret(settings: Settings, upstream: AiobotocoreUpstream) -> bytes:
+    """--peer-secret, --peer-secret-file, else derived from the upstream credentials."""
+    if settings.peer_secret:
+        return settings.peer_secret.encode()
+    if settings.peer_secret_file is not None:
+        text = settings.peer_secret_file.read_text().strip()
+        if not text:
+            raise StartupError(f"peer-secret-file {settings.peer_secret_file} is empty")
+        return text.encode()
+    upstream_secret = await upstream.shared_secret_key()
+    if upstream_secret is None:
+        raise StartupError(
+            "--peers needs a fleet secret: set --peer-secret or --peer-secret-file "
+            "(GATEWAY_PEER_SECRET): the upstream credentials are not static (an instance "
+            "role or web identity differs per node), so none can be derived from them"
+        )
+    return peer_auth.derive_secret(upstream_secret)
 
 
 async def _log_recovered(journal: Journal, settings: Settings) -> None:

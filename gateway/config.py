@@ -75,6 +75,21 @@ def _endpoint_url(value: str) -> str:
     return value
 
 
+def _peers(value: str) -> str:
+    """``HOST:PORT,...`` (``http(s)://`` allowed) or ``dns:NAME:PORT``."""
+    text = value.strip()
+    items = [text[4:]] if text.startswith("dns:") else text.split(",")
+    items = [i.strip().removeprefix("http://").removeprefix("https://").rstrip("/") for i in items]
+    if not any(items) or not all(_is_host_port(i) for i in items if i):
+        raise ConfigError(f"expected HOST:PORT,... or dns:NAME:PORT, got {value!r}")
+    return text
+
+
+def _is_host_port(item: str) -> bool:
+    host, sep, port = item.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def check(value: str) -> str:
         if value not in allowed:
@@ -204,6 +219,22 @@ class Settings:
     # ... at most this many at once over all objects (one object: up to half of them).
     read_concurrency: int = 32
 
+    # -- the fleet (issue 20; docs/fleet.md) -------------------------------------------------
+    # This gateway's name in the fleet; None: $NODE_NAME, else the host name.
+    node_id: str | None = None
+    # The other gateways' S3 listeners: "host:port,..." or "dns:NAME:PORT" (a headless
+    # Service: every address NAME resolves to). None: this gateway is alone.
+    peers: str | None = None
+    # The fleet secret that signs peer requests; None: derived from the upstream credentials.
+    peer_secret: str | None = None
+    peer_secret_file: Path | None = None
+    # Leases on the peers' directories (renewed every third of it) and how often discovery
+    # is asked again.
+    peer_lease_s: float = 3.0
+    peer_refresh_s: float = 10.0
+    # A peer read's deadline (its answer's head): past it the read does without that peer.
+    peer_read_timeout_s: float = 2.0
+
     @property
     def fsync(self) -> bool:
         return self.durability == "fsync"
@@ -317,6 +348,18 @@ GROUPS: tuple[tuple[str, dict[str, Option]], ...] = (
             "max_line_size_bytes": Option(parse_size, _SIZE_ARG, "largest request line"),
             "max_headers": Option(int, "N", "most header lines"),
             "max_xml_body_bytes": Option(parse_size, _SIZE_ARG, "largest XML body"),
+        },
+    ),
+    (
+        "the fleet (docs/fleet.md)",
+        {
+            "node_id": Option(str, "NAME", "none: $NODE_NAME, else host"),
+            "peers": Option(_peers, "PEERS", "H:P,... or dns:NAME:PORT; none: alone"),
+            "peer_secret": Option(str, "SECRET", "none: from upstream keys"),
+            "peer_secret_file": Option(Path, "FILE", "file holding it"),
+            "peer_lease_s": Option(float, _SECONDS, "lease on a peer's directory"),
+            "peer_refresh_s": Option(float, _SECONDS, "re-resolve --peers"),
+            "peer_read_timeout_s": Option(float, _SECONDS, "a read waits for a peer"),
         },
     ),
     (
@@ -490,7 +533,11 @@ def _validate_limits(settings: Settings) -> None:
         raise ConfigError("max-headers must be at least 16")
     if settings.max_xml_body_bytes < 1 * KiB:
         raise ConfigError("max-xml-body must be at least 1KiB")
-    for name in ("credentials_file", "admin_token_file", "tls_cert", "tls_key"):
+    if settings.peer_lease_s <= 0 or settings.peer_refresh_s <= 0:
+        raise ConfigError("peer-lease and peer-refresh must be positive")
+    if settings.peer_read_timeout_s <= 0:
+        raise ConfigError("peer-read-timeout must be positive")
+    for name in ("credentials_file", "admin_token_file", "tls_cert", "tls_key", "peer_secret_file"):
         path = getattr(settings, name)
         if path is not None and not path.exists():
             raise ConfigError(f"{flag_name(name)}: {path} does not exist")

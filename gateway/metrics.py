@@ -207,3 +207,27 @@ READTHROUGH_BYTES = Counter(
     "Bytes fetched from the upstream by read-through fills (parallel ranged GETs)",
     registry=REGISTRY,
 )
+
+# -- the fleet (issue 20) ---------------------------------------------------------------------
+PEER_READ_FALLBACKS = Counter(
+    "gateway_peer_read_fallbacks",
+    "Reads that left out a peer which may hold an unflushed version (it did not answer in "
+    "time): the read was answered from this node and the bucket",
+    registry=REGISTRY,
+)
+PEER_READS = Counter(
+    "gateway_peer_reads",
+    "GET/HEAD/LIST requests answered with a version or rows another gateway holds unflushed",
+    registry=REGISTRY,
+)
+FLEET_MEMBERS = Gauge(
+    "gateway_fleet_members",
+    "Other gateways of the fleet, by state (reachable, unreachable, unknown, left)",
+    ["state"],
+    registry=REGISTRY,
+)
+FLEET_HELD_MARKERS = Gauge(
+    "gateway_fleet_held_markers",
+    "Commit markers held until every member of the fleet drained their directory",
+    registry=REGISTRY,
+)

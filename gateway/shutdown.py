@@ -37,6 +37,7 @@ from gateway.admin.api import AdminServices
 from gateway.cli import human_bytes
 from gateway.clock import SystemClock
 from gateway.config import Settings
+from gateway.fleet.node import Fleet
 from gateway.flush import stuck
 from gateway.flush.flusher import Flusher
 from gateway.s3.dispatch import S3Services
@@ -63,6 +64,7 @@ class Running:
     s3_runner: web.AppRunner
     admin_runner: web.AppRunner
     tasks: list[asyncio.Task[None]]  # flusher, evictor, sweep
+    fleet: Fleet | None = None  # with --peers (docs/fleet.md)
 
 
 def fate(settings: Settings) -> str:
@@ -97,7 +99,10 @@ async def shut_down(gw: Running, aborted: asyncio.Event) -> None:
         if not await _unless(aborted, _join(task)):
             await _cancel(task)
     await _close(gw.admin_runner, aborted)
-    await _say_what_is_left(gw)
+    left = await _say_what_is_left(gw)
+    if gw.fleet is not None:
+        # With nothing left here, the fleet stops waiting on this node (it says goodbye).
+        await gw.fleet.stop(say_bye=left == 0)
 
 
 async def _drain(gw: Running) -> None:
@@ -106,8 +111,11 @@ async def _drain(gw: Running) -> None:
     deadline_s = gw.settings.shutdown_drain_timeout_s
     started = gw.clock.monotonic()
     if not flusher.is_paused:
-        # Failed objects, and markers held behind them, wait for an operator, not for time.
-        await stuck.wait_movable(journal, flusher.policy, None, "", journal.last_seq, deadline_s)
+        # Failed objects, and markers held behind them (or, in a fleet, held for a node that
+        # cannot answer), wait for an operator, not for time.
+        await stuck.wait_movable(
+            journal, flusher.policy, None, "", journal.last_seq, deadline_s, fleet=flusher.order
+        )
     left_s = deadline_s - (gw.clock.monotonic() - started)
     await flusher.stop(max(0.0, left_s))
 
@@ -129,9 +137,10 @@ async def _say_shutting_down(gw: Running) -> None:
         log.info("shutting down: refusing new writes; nothing is pending")
 
 
-async def _say_what_is_left(gw: Running) -> None:
-    settings, journal = gw.settings, gw.journal
-    left = await stuck.unflushed(journal, gw.flusher.policy, None, "", journal.last_seq)
+async def _say_what_is_left(gw: Running) -> int:
+    """Log what is left and what becomes of it; returns how many objects are left."""
+    settings, journal, flusher = gw.settings, gw.journal, gw.flusher
+    left = await stuck.unflushed(journal, flusher.policy, None, "", journal.last_seq, flusher.order)
     if left.objects:
         failed = ""
         if left.failed:
@@ -158,6 +167,7 @@ async def _say_what_is_left(gw: Running) -> None:
         )
     else:
         log.info("exiting: everything acknowledged is durable upstream")
+    return left.objects
 
 
 async def _unless(aborted: asyncio.Event, work: Coroutine[Any, Any, None]) -> bool:

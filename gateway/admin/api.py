@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,10 @@ class AdminServices:
 
 
 ADMIN = web.AppKey("admin_services", AdminServices)
+# With peers (admin/fleet.py): the drain of the whole fleet, for (services, bucket, prefix,
+# wait seconds).
+FleetDrain = Callable[[AdminServices, str | None, str, float], Awaitable[dict[str, Any]]]
+FLEET_DRAIN: web.AppKey[FleetDrain] = web.AppKey("fleet_drain")
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -86,6 +90,9 @@ async def drain(request: web.Request) -> web.Response:
     prefix = request.query.get("prefix", "")
     wait = request.query.get("wait", "false").lower() in ("1", "true", "yes")
     timeout_s = _float_arg(request, "timeout", 30.0)
+    fleet_drain = request.app.get(FLEET_DRAIN)
+    if fleet_drain is not None:  # every node of the fleet answers (docs/fleet.md)
+        return _json(await fleet_drain(svc, bucket, prefix, timeout_s if wait else 0.0))
     left = await stuck.wait_movable(
         svc.journal,
         svc.flusher.policy,

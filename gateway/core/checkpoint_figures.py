@@ -20,9 +20,9 @@ States (``state_of``):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.models import LocalObject
 from gateway.store.journal import Journal
@@ -92,6 +92,23 @@ class CheckpointFigures:
         """Pending bytes not sent yet: what an ETA waits for."""
         return max(0, self.pending_bytes - self.sent_bytes)
 
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> CheckpointFigures:
+        """The inverse of ``as_dict`` (another node's figures, from the peer API)."""
+        failures = tuple(
+            FailedObject(str(f["key"]), str(f["error"])) for f in doc.get("failures") or ()
+        )
+        return cls(
+            int(doc["unflushed_objects"]),
+            int(doc["unflushed_bytes"]),
+            int(doc["failed_objects"]),
+            int(doc["failed_bytes"]),
+            int(doc["held_objects"]),
+            int(doc["held_bytes"]),
+            int(doc["sent_bytes"]),
+            failures[:_NAMED_FAILURES],
+        )
+
     def as_dict(self) -> dict[str, object]:
         return {
             "pending_objects": self.pending_objects,
@@ -114,15 +131,33 @@ class CheckpointState:
     reason: str | None = None  # what failed and the command that resolves it
 
 
-def state_of(is_complete: bool, figures: CheckpointFigures) -> CheckpointState:
-    """The state of a directory from whether its marker exists and its (summed) figures."""
+@dataclass(frozen=True, slots=True)
+class FleetPart:
+    """In a fleet: the nodes that did not answer (the checkpoint is then never "durable":
+    what they hold is unknown), and why the fleet holds the directory's marker, if it does."""
+
+    unanswered: tuple[str, ...] = ()
+    held_by: str | None = None
+
+
+def state_of(
+    is_complete: bool, figures: CheckpointFigures, fleet: FleetPart | None = None
+) -> CheckpointState:
+    """The state of a directory from whether its marker exists and its (summed) figures
+    (``fleet``: the rest of the fleet's part, with peers)."""
     failures = _failures_text(figures)
     if not is_complete:
         return CheckpointState(WRITING, "writing", failures)
+    if fleet is not None and fleet.unanswered:
+        who = ", ".join(fleet.unanswered)
+        return CheckpointState(COMPLETE, f"complete; not known to be durable: {who} did not answer")
     if figures.unflushed_objects == 0:
         return CheckpointState(DURABLE, "durable in the bucket")
+    if fleet is not None and fleet.held_by is not None and failures is None:
+        return CheckpointState(HELD, f"held: waiting on {fleet.held_by}", fleet.held_by)
     if failures is None:
-        return CheckpointState(COMPLETE, "complete on this node")
+        where = "on this node" if fleet is None else "in the fleet"
+        return CheckpointState(COMPLETE, f"complete {where}")
     if figures.held_objects:
         why = f"its commit marker waits behind {_objects(figures.failed_objects)} that failed"
     else:

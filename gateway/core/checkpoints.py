@@ -27,6 +27,7 @@ rows and no marker yet is listed from its root.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import re
 import time
@@ -37,6 +38,7 @@ from typing import Any
 from gateway.core.checkpoint_figures import (
     CheckpointFigures,
     CheckpointState,
+    FleetPart,
     FlushView,
     failed_rows,
     node_figures,
@@ -45,6 +47,7 @@ from gateway.core.checkpoint_figures import (
 from gateway.core.listing import ListingService
 from gateway.core.objects import ObjectService
 from gateway.errors import NoSuchKey, S3Error
+from gateway.fleet.view import FleetView
 from gateway.models import LocalObject
 from gateway.store import catalog
 from gateway.store.journal import Journal
@@ -66,6 +69,7 @@ class Checkpoint:
     marker: str | None  # the commit marker's file name when complete
     marker_last_modified_s: float | None
     figures: CheckpointFigures = field(default_factory=CheckpointFigures)
+    fleet: FleetPart | None = None  # with peers: figures summed over every node
 
     @property
     def is_complete(self) -> bool:
@@ -73,11 +77,12 @@ class Checkpoint:
 
     @property
     def is_durable(self) -> bool:
-        return self.is_complete and self.figures.unflushed_objects == 0
+        unanswered = self.fleet is not None and bool(self.fleet.unanswered)
+        return self.is_complete and self.figures.unflushed_objects == 0 and not unanswered
 
     @property
     def state(self) -> CheckpointState:
-        return state_of(self.is_complete, self.figures)
+        return state_of(self.is_complete, self.figures, self.fleet)
 
     def as_dict(self) -> dict[str, Any]:
         state = self.state
@@ -92,6 +97,14 @@ class Checkpoint:
             "state_text": state.text,
             "reason": state.reason,
             **self.figures.as_dict(),
+            **(
+                {}
+                if self.fleet is None
+                else {
+                    "unanswered_nodes": list(self.fleet.unanswered),
+                    "held_by": self.fleet.held_by,
+                }
+            ),
         }
 
 
@@ -136,7 +149,9 @@ class CheckpointService:
         journal: Journal,
         markers: Sequence[str],
         clock: Callable[[], float] = time.monotonic,
+        fleet: FleetView | None = None,
     ) -> None:
+        self._fleet = fleet
         self._listing = listing
         self._objects = objects
         self._journal = journal
@@ -177,9 +192,51 @@ class CheckpointService:
                 return await self._describe(bucket, base, path, flush, failed, upstream_error)
 
         found = await asyncio.gather(*(describe(d) for d in dirs))
+        if self._fleet is not None:
+            found = await self._fleet_wide(bucket, found)
         found.sort(key=lambda c: c.marker_last_modified_s or 0.0, reverse=True)
         found.sort(key=lambda c: natural_key(c.name), reverse=True)  # stable: ties by time
         return CheckpointList(bucket, base, found, upstream_error)
+
+    async def _fleet_wide(self, bucket: str, found: list[Checkpoint]) -> list[Checkpoint]:
+        """Every member's figures of the same directories, summed with this node's (one
+        request per member); a member that does not answer is named, never counted."""
+        assert self._fleet is not None
+        answers = await self._fleet.figures(bucket, [c.prefix for c in found])
+        out = []
+        for checkpoint in found:
+            figures, unanswered = checkpoint.figures, []
+            held_by = None
+            if checkpoint.marker is not None:
+                held_by = self._fleet.held_by(bucket, checkpoint.prefix + checkpoint.marker)
+            for node, by_path, _error in answers:
+                doc = by_path.get(checkpoint.prefix) if by_path is not None else None
+                if by_path is None:
+                    unanswered.append(node)
+                elif doc is not None:
+                    figures = figures + CheckpointFigures.from_dict(doc)
+                    held_by = held_by or doc.get("held_by")
+            fleet = FleetPart(tuple(unanswered), held_by)
+            out.append(dataclasses.replace(checkpoint, figures=figures, fleet=fleet))
+        return out
+
+    async def node_figures(
+        self, bucket: str, paths: Sequence[str], flush: FlushView | None
+    ) -> dict[str, dict[str, Any]]:
+        """This node's figures of each directory in ``paths`` (what a peer asks), with why
+        the fleet holds its marker there, if it does."""
+        failed = None
+        if self._journal.figures.unflushed_under(bucket, "").failed_objects:
+            failed = await failed_rows(self._journal)
+        out: dict[str, dict[str, Any]] = {}
+        for path in paths:
+            figures = await node_figures(self._journal, bucket, path, flush, failed)
+            doc: dict[str, Any] = {**figures.as_dict(), "held_by": None}
+            if self._fleet is not None:
+                for pattern in self._markers:
+                    doc["held_by"] = doc["held_by"] or self._fleet.held_by(bucket, path + pattern)
+            out[path] = doc
+        return out
 
     async def roots(self, bucket: str | None) -> list[tuple[str, str]]:
         """(bucket, root) where checkpoints are written, per bucket holding rows (``bucket``

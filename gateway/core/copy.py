@@ -25,11 +25,13 @@ from typing import BinaryIO
 
 from gateway.checksums import b64
 from gateway.clock import Clock
+from gateway.core import peers
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.ingest import validate_key
 from gateway.core.multipart import MAX_PART_NUMBER, MultipartService
+from gateway.core.writes import fleet_writing
 from gateway.errors import (
     IncompleteBody,
     InternalError,
@@ -39,6 +41,7 @@ from gateway.errors import (
     NotModified,
     PreconditionFailed,
 )
+from gateway.fleet.view import FleetView, PeerError
 from gateway.models import LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore, WrittenBlob
 from gateway.store.journal import Journal
@@ -113,8 +116,10 @@ class CopyService:
         max_object_bytes: int,
         max_part_bytes: int,
         space: CacheSpace | None = None,
+        fleet: FleetView | None = None,
     ) -> None:
         self._space = space
+        self._fleet = fleet
         self._journal = journal
         self._uploads = uploads
         self._blobs = blobs
@@ -132,7 +137,9 @@ class CopyService:
         unknown before its GET) reserves nothing but is refused when the cache is full."""
         source = await self._journal.get(req.source_bucket, req.source_key)
         size_bytes = source.meta.size_bytes if source is not None else 0
-        return await admitted(self._space, size_bytes, self._copy_object(req))
+        async with fleet_writing(self._fleet, req.bucket, req.key) as announced:
+            await announced  # before anything can commit
+            return await admitted(self._space, size_bytes, self._copy_object(req))
 
     async def _copy_object(self, req: CopyObjectRequest) -> ObjectMeta:
         validate_key(req.key)
@@ -144,6 +151,9 @@ class CopyService:
             raise InvalidRequest(SELF_COPY_MESSAGE)
         for _ in range(_ATTEMPTS):
             local = await self._journal.get(req.source_bucket, req.source_key)
+            from_peer = await self._copy_from_peer(req, local)
+            if from_peer is not None:
+                return from_peer
             if local is None:
                 return await self._copy_from_upstream(req)
             _require_version(local, req.source_key)
@@ -179,6 +189,35 @@ class CopyService:
         await self._blobs.discard(superseded)
         return meta
 
+    async def _copy_from_peer(
+        self, req: CopyObjectRequest, local: LocalObject | None
+    ) -> ObjectMeta | None:
+        """In a fleet: a source another node holds unflushed (newer than this node's row)
+        is copied from there, as the bucket's would be (docs/fleet.md); None otherwise."""
+        if self._fleet is None:
+            return None
+        nodes = self._fleet.candidates(req.source_bucket, req.source_key)
+        if not nodes:
+            return None
+        node = await peers.newest_source(
+            self._fleet, nodes, req.source_bucket, req.source_key, local
+        )
+        if node is None:
+            return None
+        try:
+            found = await self._fleet.read(node, req.source_bucket, req.source_key, "GET", {})
+        except PeerError as exc:
+            peers.raise_peer_error(exc)  # a delete there: NoSuchKey
+        if found is None:
+            return None
+        try:
+            check_source(req.conditions, found.head.meta)
+            assert found.body is not None  # a GET's answer has one
+            blob = await self._blobs.write(found.body, {"md5"}, max_bytes=self._max_object_bytes)
+        finally:
+            await found.aclose()
+        return await self._commit_fetched(req, found.head.meta, blob)
+
     async def _copy_from_upstream(self, req: CopyObjectRequest) -> ObjectMeta:
         remote = await self._upstream.get_object(req.source_bucket, req.source_key)
         try:
@@ -188,12 +227,18 @@ class CopyService:
             )
         finally:
             remote.close()
+        return await self._commit_fetched(req, remote.meta, blob)
+
+    async def _commit_fetched(
+        self, req: CopyObjectRequest, source: ObjectMeta, blob: WrittenBlob
+    ) -> ObjectMeta:
+        """Commit a copy whose body was fetched from elsewhere (the bucket, a peer)."""
         now = self._clock.wall()
         try:
-            if blob.size_bytes != remote.meta.size_bytes:
-                raise IncompleteBody("The copy source was cut short by the upstream.")
+            if blob.size_bytes != source.size_bytes:
+                raise IncompleteBody("The copy source was cut short.")
             meta = replace(
-                _copied_meta(req, remote.meta, now),
+                _copied_meta(req, source, now),
                 etag=blob.digests["md5"].hex(),
                 checksums={},
             )

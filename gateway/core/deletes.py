@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.ingest import validate_key
+from gateway.core.writes import fleet_writing_all
 from gateway.errors import S3Error, S3NotImplemented
+from gateway.fleet.view import FleetView
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 
@@ -44,8 +46,14 @@ class DeleteService:
     are unlinked only after that COMMIT."""
 
     def __init__(
-        self, journal: Journal, blobs: BlobStore, buckets: BucketService, clock: Clock
+        self,
+        journal: Journal,
+        blobs: BlobStore,
+        buckets: BucketService,
+        clock: Clock,
+        fleet: FleetView | None = None,
     ) -> None:
+        self._fleet = fleet
         self._journal = journal
         self._blobs = blobs
         self._buckets = buckets
@@ -58,7 +66,9 @@ class DeleteService:
         outcomes = [DeleteOutcome(entry, _refusal(entry)) for entry in entries]
         keys = list(dict.fromkeys(o.entry.key for o in outcomes if o.error is None))
         if keys:
-            superseded = await self._journal.commit_deletes(bucket, keys, self._clock.wall())
+            async with fleet_writing_all(self._fleet, bucket, keys) as announced:
+                await announced
+                superseded = await self._journal.commit_deletes(bucket, keys, self._clock.wall())
             await self._blobs.discard(superseded)
         return outcomes
 

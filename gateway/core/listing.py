@@ -10,10 +10,11 @@ costs one row per prefix, not one per shard.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
-from gateway.models import ListEntry, ListPage
+from gateway.fleet.view import FleetView
+from gateway.models import FlushState, ListEntry, ListPage
 from gateway.store.journal import Journal
 from gateway.upstream.client import Upstream
 
@@ -26,6 +27,10 @@ _BATCH = 1000
 class _Item:
     entry: ListEntry
     is_tombstone: bool = False
+    # For the fleet's merge (peers.py): an unflushed local row or a peer's row, and when it
+    # was acknowledged.
+    is_unflushed: bool = False
+    acked_s: float = 0.0
 
 
 def common_prefix(name: str, prefix: str, delimiter: str) -> str | None:
@@ -77,7 +82,10 @@ async def _local(
                 break
             m = row.meta
             yield _Item(
-                ListEntry(name, False, m.size_bytes, m.etag, m.last_modified_s), row.is_delete
+                ListEntry(name, False, m.size_bytes, m.etag, m.last_modified_s),
+                row.is_delete,
+                row.state is not FlushState.DURABLE,
+                row.acked_s,
             )
             cursor = name
         if not seeked and len(rows) < _BATCH:
@@ -97,6 +105,59 @@ async def _remote(
             return
         last = entries[-1]
         cursor = last.name + _AFTER_ALL if last.is_prefix else last.name
+
+
+async def _peers(
+    fleet: FleetView,
+    nodes: Sequence[str],
+    bucket: str,
+    prefix: str,
+    delimiter: str,
+    after: str,
+) -> AsyncGenerator[_Item, None]:
+    """The peers' unflushed rows under ``prefix`` as items, rolled up like ``_local`` (a
+    prefix is listed once, and only for a row under it that is not a delete)."""
+    cursor, last_rolled = after, None
+    while True:
+        rows, bound = await fleet.rows(nodes, bucket, prefix, cursor, _BATCH)
+        for row in rows:
+            rolled = common_prefix(row.key, prefix, delimiter)
+            if rolled is not None:
+                if not row.is_delete and rolled != last_rolled and rolled > after:
+                    last_rolled = rolled
+                    yield _Item(ListEntry(name=rolled, is_prefix=True))
+                continue
+            entry = ListEntry(row.key, False, row.size_bytes, row.etag, row.last_modified_s)
+            yield _Item(entry, row.is_delete, True, row.acked_s)
+        if bound is None or not rows:
+            return
+        cursor = bound
+
+
+async def _newest(
+    mine: AsyncGenerator[_Item, None], theirs: AsyncGenerator[_Item, None]
+) -> AsyncGenerator[_Item, None]:
+    """Two sorted item streams as one; where both have a name, the newer version wins (an
+    unflushed one over a durable one, else the later acknowledgement; this node on ties)."""
+    lhs, rhs = await anext(mine, None), await anext(theirs, None)
+    try:
+        while lhs is not None or rhs is not None:
+            if rhs is None or (lhs is not None and lhs.entry.name < rhs.entry.name):
+                assert lhs is not None
+                yield lhs
+                lhs = await anext(mine, None)
+            elif lhs is None or rhs.entry.name < lhs.entry.name:
+                yield rhs
+                rhs = await anext(theirs, None)
+            else:
+                mine_wins = lhs.entry.is_prefix or (
+                    (lhs.is_unflushed, lhs.acked_s) >= (rhs.is_unflushed, rhs.acked_s)
+                )
+                yield lhs if mine_wins else rhs
+                lhs, rhs = await anext(mine, None), await anext(theirs, None)
+    finally:
+        await mine.aclose()
+        await theirs.aclose()
 
 
 async def _all_deleted_locally(
@@ -121,11 +182,18 @@ async def list_objects(
     delimiter: str,
     after: str,
     max_keys: int,
+    fleet: FleetView | None = None,
 ) -> ListPage:
-    """One page of the merged listing: at most ``max_keys`` keys and prefixes after ``after``."""
+    """One page of the merged listing: at most ``max_keys`` keys and prefixes after ``after``
+    (in a fleet, the unflushed rows of peers that may hold any under ``prefix`` count as
+    local ones)."""
     if max_keys <= 0:
         return ListPage((), False, None)  # S3: an empty, complete page
     local = _local(journal, bucket, prefix, delimiter, after)
+    nodes = fleet.prefix_candidates(bucket, prefix) if fleet is not None else ()
+    if fleet is not None and nodes:
+        peer_rows = _peers(fleet, nodes, bucket, prefix, delimiter, after)
+        local = _newest(local, peer_rows)
     remote = _remote(upstream, bucket, prefix, delimiter, after)
     lhs = await anext(local, None)
     rhs = await anext(remote, None)
@@ -157,9 +225,12 @@ async def list_objects(
 class ListingService:
     """ListObjects(V2) over the merged local + upstream view (see the module docstring)."""
 
-    def __init__(self, journal: Journal, upstream: Upstream) -> None:
+    def __init__(
+        self, journal: Journal, upstream: Upstream, fleet: FleetView | None = None
+    ) -> None:
         self._journal = journal
         self._upstream = upstream
+        self._fleet = fleet
 
     async def list_objects(
         self, bucket: str, *, prefix: str, delimiter: str, after: str, max_keys: int
@@ -172,4 +243,5 @@ class ListingService:
             delimiter=delimiter,
             after=after,
             max_keys=max_keys,
+            fleet=self._fleet,
         )

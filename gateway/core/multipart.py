@@ -24,6 +24,7 @@ from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
 from gateway.core.ingest import ingest_file, validate_key
+from gateway.core.writes import fleet_writing
 from gateway.errors import (
     BadDigest,
     EntityTooSmall,
@@ -34,6 +35,7 @@ from gateway.errors import (
     NoSuchKey,
     NoSuchUpload,
 )
+from gateway.fleet.view import FleetView
 from gateway.models import LocalObject, ObjectMeta, PartRef, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import RowCheck
@@ -90,7 +92,9 @@ class MultipartService:
         space: CacheSpace | None = None,
         upstream: Upstream | None = None,
         listener: PartListener | None = None,
+        fleet: FleetView | None = None,
     ) -> None:
+        self._fleet = fleet
         self._space = space
         self._listener = listener
         self._upstream = upstream
@@ -240,9 +244,11 @@ class MultipartService:
             )
             for p in chosen
         )
-        row, discard = await self._uploads.complete(
-            upload_id, meta, refs, self._clock.wall(), check
-        )
+        async with fleet_writing(self._fleet, bucket, key) as announced:
+            await announced
+            row, discard = await self._uploads.complete(
+                upload_id, meta, refs, self._clock.wall(), check
+            )
         if self._listener is not None:
             self._listener.upload_completed(upload, row, chosen)
         await self._blobs.discard(discard)

@@ -14,24 +14,28 @@ through this gateway cannot slip in between).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from gateway import metrics
 from gateway.clock import Clock
-from gateway.core.bodies import BodySource, ChunkSource, LocalSource, NoBody, open_files, slices
+from gateway.core import peers
+from gateway.core.bodies import ChunkSource, LocalSource, NoBody, open_files, slices
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.fill import BandwidthBudget, FillConfig
 from gateway.core.fills import FillManager
+from gateway.core.heads import ObjectBody, ObjectHead, ReadOptions
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.integrity import MEMO_ENTRIES, BlobVerifier, blob_checks
-from gateway.core.ranges import ByteRange, RangeSpec, parse_content_range, part_range, resolve_range
+from gateway.core.ranges import ByteRange, parse_content_range, part_range, resolve_range
+from gateway.core.writes import fleet_writing
 from gateway.errors import InternalError, InvalidRange, NoSuchKey, NotModified
+from gateway.fleet.view import FleetView, PeerError, PeerHead
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
-from gateway.store.blobs import BlobStore
+from gateway.store.blobs import BlobStore, Ingested
 from gateway.store.integrity import body_digests, check_bytes
 from gateway.store.journal import Journal, RowCheck
 from gateway.store.space import CacheSpace
@@ -40,43 +44,8 @@ from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
 _NO_CONDITIONS = Preconditions()
-
-
-@dataclass(frozen=True, slots=True)
-class ReadOptions:
-    """What a GET/HEAD asks for besides the key: one byte range or one part, and
-    preconditions. ``range`` and ``part_number`` are never both set (S3 refuses that)."""
-
-    range: RangeSpec | None = None
-    part_number: int | None = None
-    cond: Preconditions = field(default_factory=Preconditions)
-
-
 _WHOLE = ReadOptions()
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectHead:
-    """What HEAD returns: the version's metadata and where it stands in the flush.
-
-    ``byte_range`` is set for a 206 (range or part), ``parts_count`` for a part of a
-    multipart object, ``is_not_modified`` for a 304.
-    """
-
-    meta: ObjectMeta
-    state: FlushState
-    byte_range: ByteRange | None = None
-    parts_count: int | None = None
-    is_not_modified: bool = False
-
-
-@dataclass(slots=True)
-class ObjectBody:
-    """A GET in progress: ``source`` yields the selected bytes once (file spans or bytes,
-    see bodies.py); the caller MUST ``aclose`` it, also when it stops early."""
-
-    head: ObjectHead
-    source: BodySource
+__all__ = ["ObjectBody", "ObjectHead", "ObjectService", "ReadOptions", "check_write", "select"]
 
 
 class ObjectService:
@@ -97,8 +66,10 @@ class ObjectService:
         fill_config: FillConfig | None = None,
         budget: BandwidthBudget | None = None,
         inline_max_bytes: int = 64 << 10,
+        fleet: FleetView | None = None,
     ) -> None:
         self._journal = journal
+        self._fleet = fleet  # None: a gateway alone (no peers), nothing of the fleet runs
         self._blobs = blobs
         self._upstream = upstream
         self._buckets = buckets
@@ -121,14 +92,26 @@ class ObjectService:
         return await admitted(self._space, req.content_length or 0, self._put(req, body, check))
 
     async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:
-        blob, checksums = await ingest(
-            self._blobs,
-            req,
-            body,
-            max_bytes=self._max_object_bytes,
-            inline_max_bytes=self._inline_max_bytes,
-        )
+        async with fleet_writing(self._fleet, req.bucket, req.key) as announced:
+            blob, checksums = await ingest(
+                self._blobs,
+                req,
+                body,
+                max_bytes=self._max_object_bytes,
+                inline_max_bytes=self._inline_max_bytes,
+            )
+            return await self._commit_put(req, blob, checksums, check, announced)
+
+    async def _commit_put(
+        self,
+        req: PutRequest,
+        blob: Ingested,
+        checksums: Mapping[str, str],
+        check: RowCheck | None,
+        announced: Awaitable[None],
+    ) -> ObjectMeta:
         try:
+            await announced  # the fleet knows the key's directory before it is acked
             meta = ObjectMeta(
                 bucket=req.bucket,
                 key=req.key,
@@ -161,7 +144,10 @@ class ObjectService:
         if cond.is_empty:
             return None
         local = await self._journal.get(bucket, key)
-        if local is not None:
+        peer = await self._peer_version(bucket, key, local)
+        if peer is not None:
+            seen = None if peer.is_delete else peer.meta.etag
+        elif local is not None:
             seen = None if local.is_delete else local.meta.etag
         else:
             try:
@@ -179,15 +165,21 @@ class ObjectService:
     async def delete_object(self, bucket: str, key: str) -> None:
         validate_key(key)
         await self._buckets.require(bucket)
-        _, superseded = await self._journal.commit_delete(bucket, key, self._clock.wall())
+        async with fleet_writing(self._fleet, bucket, key) as announced:
+            await announced
+            _, superseded = await self._journal.commit_delete(bucket, key, self._clock.wall())
         await self._blobs.discard(superseded)
 
     async def head_object(self, bucket: str, key: str, read: ReadOptions = _WHOLE) -> ObjectHead:
         validate_key(key)
         await self._buckets.require(bucket)
         local = await self._journal.get(bucket, key)
+        peer = await self._from_peer(bucket, key, read, local, "HEAD")
+        if peer is not None:
+            await peer.source.aclose()
+            return peer.head
         if local is not None:
-            return select(local, read)
+            return self._held(select(local, read), local)
         if read.part_number is not None:
             part = await self._upstream.head_part(bucket, key, read.part_number)
             head = ObjectHead(
@@ -205,24 +197,101 @@ class ObjectService:
         await self._buckets.require(bucket)
         for _ in range(3):
             local = await self._journal.get(bucket, key)
-            if local is None:
+            body = await self._from_peer(bucket, key, read, local, "GET")
+            if body is None and local is None:
                 body = await self._upstream_get(bucket, key, read)
-                if body is None:
-                    continue  # the fill ended as we joined it: its copy is local now
+                # None: the fill ended as we joined it: its copy is local now
+            elif body is None and local is not None:
+                body = await self._serve_local(local, read)
+                # None: superseded between lookup and open: look again
+            if body is not None:
                 return body
-            head = select(local, read)
-            if head.is_not_modified:
-                return ObjectBody(head, NoBody())
-            if local.body is not None:
-                return await self._inline_body(local, head)
-            try:
-                source = await self._local_source(local, head)
-            except FileNotFoundError:
-                continue  # superseded between lookup and open: look again
-            if self._space is not None:
-                self._space.touch(bucket, key)
-            return ObjectBody(head, source)
         raise NoSuchKey(Key=key)  # pragma: no cover - three races in a row
+
+    async def _serve_local(self, local: LocalObject, read: ReadOptions) -> ObjectBody | None:
+        """A GET of this node's row (None: its body vanished, superseded meanwhile)."""
+        head = self._held(select(local, read), local)
+        if head.is_not_modified:
+            return ObjectBody(head, NoBody())
+        if local.body is not None:
+            return await self._inline_body(local, head)
+        try:
+            source = await self._local_source(local, head)
+        except FileNotFoundError:
+            return None
+        if self._space is not None:
+            self._space.touch(local.meta.bucket, local.meta.key)
+        return ObjectBody(head, source)
+
+    # -- the fleet (docs/fleet.md) --------------------------------------------------------
+
+    def _held(self, head: ObjectHead, local: LocalObject) -> ObjectHead:
+        """A commit marker the fleet holds says so (``held``, and who it waits on)."""
+        if self._fleet is None or local.state is FlushState.DURABLE:
+            return head
+        reason = self._fleet.held_by(local.meta.bucket, local.meta.key)
+        return head if reason is None else dataclasses.replace(head, held_by=reason)
+
+    async def _from_peer(
+        self, bucket: str, key: str, read: ReadOptions, local: LocalObject | None, method: str
+    ) -> ObjectBody | None:
+        """The read answered by the peer holding the newest unflushed version of ``key``,
+        or None when this node's row or the bucket has the version to serve."""
+        if self._fleet is None:
+            return None
+        nodes = self._fleet.candidates(bucket, key)
+        if not nodes:
+            return None  # the usual case: no peer has anything unflushed in that directory
+        node = await peers.newest_source(self._fleet, nodes, bucket, key, local)
+        if node is None:
+            return None
+        try:
+            found = await self._fleet.read(node, bucket, key, method, peers.forward_headers(read))
+        except PeerError as exc:
+            peers.raise_peer_error(exc)
+        if found is None:
+            return None
+        metrics.PEER_READS.inc()
+        return peers.as_body(found)
+
+    async def _peer_version(
+        self, bucket: str, key: str, local: LocalObject | None
+    ) -> PeerHead | None:
+        """The newest unflushed version a peer holds of ``key``, if newer than this node's
+        (for conditional writes)."""
+        if self._fleet is None:
+            return None
+        nodes = self._fleet.candidates(bucket, key)
+        if not nodes:
+            return None
+        heads = await self._fleet.heads(nodes, bucket, key)
+        if not heads:
+            return None
+        best = max(heads, key=lambda h: (h.acked_s, h.node_id))
+        if peers.is_unflushed(local) and local is not None and local.acked_s >= best.acked_s:
+            return None
+        return best
+
+    async def unflushed_row(self, bucket: str, key: str) -> LocalObject | None:
+        """This node's row of ``key`` if it is not durable upstream (the peer API)."""
+        row = await self._journal.get(bucket, key)
+        return row if peers.is_unflushed(row) else None
+
+    async def peer_read(
+        self, bucket: str, key: str, read: ReadOptions, *, with_body: bool
+    ) -> tuple[LocalObject, ObjectBody] | None:
+        """A peer's read of this node's unflushed version of ``key``: None when there is
+        none; S3 errors of that version raised (a delete: NoSuchKey)."""
+        for _ in range(3):
+            row = await self.unflushed_row(bucket, key)
+            if row is None:
+                return None
+            if not with_body:
+                return row, ObjectBody(self._held(select(row, read), row), NoBody())
+            body = await self._serve_local(row, read)
+            if body is not None:
+                return row, body
+        return None  # pragma: no cover - three races in a row
 
     async def _local_source(self, local: LocalObject, head: ObjectHead) -> LocalSource:
         """The files holding the selected bytes, opened now, released once verified: each

@@ -48,6 +48,7 @@ from typing import BinaryIO, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
+from gateway.fleet.view import MarkerHolds
 from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
@@ -122,6 +123,7 @@ class Flusher:
         bandwidth_bytes_per_s: int = 0,
         bandwidth_burst_bytes: int = 0,
         multipart_threshold_bytes: int = 64 << 20,
+        marker_holds: MarkerHolds | None = None,
     ) -> None:
         self._journal = journal
         self._queue = FlushQueue(journal)
@@ -134,7 +136,8 @@ class Flusher:
         # count as in flight in Lanes, so a budget held back by those caps does not grow.
         self.lanes = Lanes(lanes or LaneConfig(), flow or RateConfig(), concurrency)
         self.policy = FlushPolicy(policy or PolicyConfig(write_back_delay_s=0.0), self.lanes)
-        self.order = FlushOrder(self.policy, journal.figures)
+        # In a fleet, commit markers also wait for every other gateway (fleet/fence.py).
+        self.order = FlushOrder(self.policy, journal.figures, marker_holds)
         self.progress = FlushProgress(clock.monotonic)  # bytes in flight, measured rates
         self._is_attached = False
         now_s = clock.monotonic()
@@ -204,6 +207,10 @@ class Flusher:
     async def retry_failed(self) -> int:
         """Operator request: every failed row becomes pending again. Returns how many."""
         return await self._queue.retry_failed()
+
+    def release_marker(self, bucket: str, key: str) -> bool:
+        """An operator publishes a held commit marker now (see ``FlushOrder``)."""
+        return self.order.release_marker(bucket, key)
 
     def wake(self) -> None:
         """Look for work now (e.g. after a test moved its clock)."""

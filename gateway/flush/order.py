@@ -35,6 +35,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from gateway.fleet.view import HoldHandle, MarkerHolds
 from gateway.flush.policy import FlushPolicy, Room, parent_prefix
 from gateway.models import FlushState
 from gateway.store.figures import Fence, Figures, Tally
@@ -110,12 +111,24 @@ class _LaneQueue:
 
 
 class _Gate:
-    __slots__ = ("fence", "lane", "seq")
+    """A commit marker waiting outside its lane: on its local fence (what this node
+    acknowledged before it under its parent) and, in a fleet, on its hold (what every other
+    node did)."""
 
-    def __init__(self, seq: int, lane: _LaneQueue, fence: Fence | None) -> None:
+    __slots__ = ("bucket", "fence", "fence_clear", "hold", "key", "lane", "seq")
+
+    def __init__(self, seq: int, lane: _LaneQueue, fence: Fence | None, key: str = "") -> None:
         self.seq = seq
         self.lane = lane
         self.fence = fence
+        self.bucket = lane.bucket
+        self.key = key
+        self.fence_clear = False
+        self.hold: HoldHandle | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.fence_clear and (self.hold is None or self.hold.is_released)
 
 
 class FlushOrder:
@@ -128,9 +141,12 @@ class FlushOrder:
     may find something it did not find before; ``next_due_s`` says when time alone will.
     """
 
-    def __init__(self, policy: FlushPolicy, figures: Figures) -> None:
+    def __init__(
+        self, policy: FlushPolicy, figures: Figures, holds: MarkerHolds | None = None
+    ) -> None:
         self._policy = policy
         self._figures = figures
+        self._holds = holds
         self._lanes: dict[tuple[str, str], _LaneQueue] = {}
         self._ids = itertools.count()
         self._ready: list[tuple[int, int, _LaneQueue]] = []
@@ -154,14 +170,16 @@ class FlushOrder:
         if image.not_before_s <= 0 and self._policy.is_marker(image.key):
             parent = parent_prefix(image.key)
             tally = count_fence(image.bucket, parent, image.seq, image.key)
-            if not tally.is_empty:
-                self._loaded_gates.append((_Gate(image.seq, lane, None), image, tally))
+            if not tally.is_empty or self._holds is not None:
+                gate = _Gate(image.seq, lane, None, image.key)
+                self._loaded_gates.append((gate, image, tally))
                 return
         self._queue(lane, image, is_new=True, gate=False, wake=False)
 
     def attach(self) -> None:
         """On the loop, once loaded: fences for the markers found waiting, lanes listed."""
         for gate, image, tally in self._loaded_gates:
+            self._gates[gate.seq] = gate
             gate.fence = self._figures.register(
                 image.bucket,
                 parent_prefix(image.key),
@@ -170,7 +188,9 @@ class FlushOrder:
                 image.key,
                 self._opener(gate),
             )
-            self._gates[gate.seq] = gate
+            self._hold(gate)
+            if tally.is_empty:
+                self._fence_cleared(gate)
         self._loaded_gates = []
         for lane in self._lanes.values():
             self._activate(lane)
@@ -212,8 +232,7 @@ class FlushOrder:
             return  # taken by a claim: the claim confirms or skips it
         gate = self._gates.pop(image.seq, None)
         if gate is not None:
-            if gate.fence is not None:
-                gate.fence.close()
+            self._close_gate(gate)
             return
         self._dead.add(image.seq)  # still queued somewhere: dropped when it comes up
 
@@ -232,32 +251,76 @@ class FlushOrder:
                 self._timer(held_s, lane, image.seq, wake=wake)
                 return
             if gate and policy.is_marker(image.key):
-                waiting = _Gate(image.seq, lane, None)
+                waiting = _Gate(image.seq, lane, None, image.key)
+                self._gates[image.seq] = waiting
                 waiting.fence = self._figures.fence(
                     image.bucket,
                     parent_prefix(image.key),
                     exclude=image,
                     on_clear=self._opener(waiting),
                 )
-                if not waiting.fence.tally.is_empty:
-                    self._gates[image.seq] = waiting
+                self._hold(waiting)
+                if waiting.fence.tally.is_empty:
+                    waiting.fence_clear = True
+                if not waiting.is_open:
                     return
-                waiting.fence.close()
+                del self._gates[image.seq]
+                self._close_gate(waiting)
             lane.push_fresh(image.seq, image.acked_s)
         else:
             heapq.heappush(lane.returned, image.seq)
 
     def _opener(self, gate: _Gate) -> Callable[[Fence], None]:
-        return lambda _: self._open_gate(gate)
+        return lambda _: self._fence_cleared(gate)
 
-    def _open_gate(self, gate: _Gate) -> None:
-        """A marker's fence cleared: it joins its lane, in its place."""
-        if self._gates.pop(gate.seq, None) is None:
+    def _hold(self, gate: _Gate) -> None:
+        """In a fleet, the marker also waits until every other node drained its directory."""
+        if self._holds is not None:
+            gate.hold = self._holds.hold(
+                gate.bucket, gate.key, gate.seq, lambda: self._open_gate(gate)
+            )
+
+    def _fence_cleared(self, gate: _Gate) -> None:
+        gate.fence_clear = True
+        self._open_gate(gate)
+
+    def _open_gate(self, gate: _Gate, *, force: bool = False) -> None:
+        """A marker's fence cleared, or its hold was released: once both, it joins its lane,
+        in its place (``force``: an operator releases it now)."""
+        if not (force or gate.is_open) or self._gates.get(gate.seq) is not gate:
             return
-        if gate.fence is not None:
-            gate.fence.close()
+        del self._gates[gate.seq]
+        self._close_gate(gate)
         heapq.heappush(gate.lane.returned, gate.seq)  # pending: its lane is still listed
         self._activate(gate.lane)
+
+    def _close_gate(self, gate: _Gate) -> None:
+        if gate.fence is not None:
+            gate.fence.close()
+        if gate.hold is not None and self._holds is not None and not gate.hold.is_released:
+            self._holds.cancel(gate.hold)
+
+    def release_marker(self, bucket: str, key: str) -> bool:
+        """An operator releases a held commit marker: it flushes without waiting any longer
+        (on this node's objects or the fleet's). False if no such marker is held."""
+        for gate in list(self._gates.values()):
+            if gate.bucket == bucket and gate.key == key:
+                self._open_gate(gate, force=True)
+                return True
+        return False
+
+    def fleet_stuck(self, bucket: str | None, prefix: str) -> int:
+        """Markers under bucket/prefix whose own directory is flushed here and whose fleet
+        hold waits only on nodes that cannot answer (``stuck.FleetHeld``)."""
+        return sum(
+            1
+            for g in self._gates.values()
+            if g.fence_clear
+            and g.hold is not None
+            and g.hold.is_stuck
+            and (bucket is None or g.bucket == bucket)
+            and g.key.startswith(prefix)
+        )
 
     # -- handing work out -------------------------------------------------------------------
 
@@ -400,15 +463,20 @@ class FlushOrder:
     # -- figures ----------------------------------------------------------------------------
 
     def held_markers(self) -> list[tuple[str, str]]:
-        """(bucket, key) of the commit markers held back behind failed objects: their fence
-        has nothing left but failed rows, so only an operator's retry lets them go. O(markers
-        waiting)."""
+        """(bucket, key) of the commit markers held back behind failed objects (their fence
+        has nothing left but failed rows) or, in a fleet, for nodes that cannot answer: only
+        an operator lets them go. O(markers waiting)."""
         return [
             (gate.fence.bucket or "", gate.fence.exclude_key or "")
             for gate in self._gates.values()
             if gate.fence is not None
-            and gate.fence.tally.objects > 0
-            and gate.fence.tally.objects == gate.fence.tally.failed_objects
+            and (
+                (
+                    gate.fence.tally.objects > 0
+                    and gate.fence.tally.objects == gate.fence.tally.failed_objects
+                )
+                or (gate.fence_clear and gate.hold is not None and gate.hold.is_stuck)
+            )
         ]
 
     def backlog(self) -> dict[tuple[str, str], tuple[int, int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.flush.policy import FlushPolicy, parent_prefix
 from gateway.models import FlushState, LocalObject
@@ -64,19 +65,60 @@ async def held_markers(
     return held
 
 
+class FleetHeld(Protocol):
+    def fleet_stuck(self, bucket: str | None, prefix: str) -> int:
+        """Commit markers under bucket/prefix the fleet holds for nodes that cannot answer
+        (unreachable, or back with an empty disk): they wait for an operator too."""
+        ...
+
+
 async def unflushed(
-    journal: Journal, policy: FlushPolicy, bucket: str | None, prefix: str, fence_seq: int
+    journal: Journal,
+    policy: FlushPolicy,
+    bucket: str | None,
+    prefix: str,
+    fence_seq: int,
+    fleet: FleetHeld | None = None,
 ) -> Unflushed:
     """What is not durable yet of what was acknowledged up to ``fence_seq``, with how much
-    of it is failed or held behind a failed object. (A few reads, not one snapshot: a row
-    may change state between them, so the parts are clamped to the whole.)"""
+    of it is failed or held behind a failed object (or, in a fleet, held for a node that
+    cannot answer). (A few reads, not one snapshot: a row may change state between them,
+    so the parts are clamped to the whole.)"""
     objects, size = await journal.unflushed(bucket, prefix, fence_seq)
     moving, _ = await journal.unflushed(bucket, prefix, fence_seq, skip_failed=True)
     failed = min(objects, max(0, objects - moving))
     held = 0
     if failed and 0 < moving <= _MAX_HELD_LOOKUP:
         held = min(moving, await held_markers(journal, policy, bucket, prefix, fence_seq))
+    if fleet is not None and moving > held:
+        held += min(moving - held, fleet.fleet_stuck(bucket, prefix))
     return Unflushed(objects, size, failed, held)
+
+
+async def without_markers(
+    journal: Journal,
+    policy: FlushPolicy,
+    bucket: str | None,
+    prefix: str,
+    fence_seq: int,
+    state: Unflushed,
+) -> Unflushed:
+    """``state`` less the commit markers among it (a fleet fence asks so: markers of one
+    directory held on two nodes must not wait on each other). Looked up only while few
+    objects are left (past ``_MAX_HELD_LOOKUP`` they cannot all be markers)."""
+    if not 0 < state.objects <= _MAX_HELD_LOOKUP:
+        return state
+    markers, size = 0, 0
+    queue = FlushQueue(journal)
+    for row_bucket, key in await queue.unflushed_keys(bucket, prefix, fence_seq, _MAX_HELD_LOOKUP):
+        if policy.is_marker(key):
+            row = await journal.get(row_bucket, key)
+            markers += 1
+            size += row.meta.size_bytes if row is not None else 0
+    objects = max(0, state.objects - markers)
+    held = min(objects, max(0, state.held - markers))
+    failed = min(objects, state.failed)
+    return Unflushed(objects, max(0, state.bytes - size), failed, held)
 
 
 async def wait_movable(
@@ -86,11 +128,14 @@ async def wait_movable(
     prefix: str,
     fence_seq: int,
     timeout_s: float,
+    *,
+    exclude_markers: bool = False,
+    fleet: FleetHeld | None = None,
 ) -> Unflushed:
     """Wait until everything acknowledged up to ``fence_seq`` under ``bucket``/``prefix`` is
     durable or stuck (failed, or a marker held behind a failed object), or ``timeout_s``
-    passes; return what is left. Returns within about a second of the last object that
-    could move."""
+    passes; return what is left (``exclude_markers``: commit markers do not count). Returns
+    within about a second of the last object that could move."""
     loop = asyncio.get_running_loop()
     deadline_s = loop.time() + timeout_s
     while True:
@@ -98,6 +143,8 @@ async def wait_movable(
         await journal.wait_flushed(
             bucket, prefix, fence_seq, min(left_s, _RECHECK_S), skip_failed=True
         )
-        state = await unflushed(journal, policy, bucket, prefix, fence_seq)
+        state = await unflushed(journal, policy, bucket, prefix, fence_seq, fleet)
+        if exclude_markers:
+            state = await without_markers(journal, policy, bucket, prefix, fence_seq, state)
         if state.objects == 0 or state.is_stuck or loop.time() >= deadline_s:
             return state

@@ -26,6 +26,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway import logs
+from gateway.fleet.wire import PATH_PREFIX as PEER_PATH_PREFIX
 from gateway.s3.dispatch import OPERATION
 from gateway.s3.middleware import CLIENT_ABORTED, body_bytes_sent
 
@@ -36,7 +37,9 @@ log = logging.getLogger(logs.ACCESS_LOGGER)
 async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Outermost middleware: times the request and logs it once, whatever the outcome
     (an aiohttp HTTPException is logged with its status and re-raised)."""
-    if not log.isEnabledFor(logging.INFO):
+    if not log.isEnabledFor(logging.INFO) or request.path.startswith(PEER_PATH_PREFIX):
+        # Peer requests (a lease renewal a second per peer) would drown the clients' lines:
+        # they are logged at debug level by the peer API when refused or failing.
         return await handler(request)
     started = datetime.datetime.now(datetime.UTC)
     loop_started_s = request.loop.time()

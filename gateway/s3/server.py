@@ -10,6 +10,7 @@ is off: ``gateway.s3.access`` logs every request with presigned signatures redac
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import HttpVersion11, web
@@ -53,7 +54,11 @@ class HttpLimits:
     max_headers: int = 128
 
 
-def build_s3_app(services: S3Services) -> web.Application:
+def build_s3_app(
+    services: S3Services, routes: Callable[[web.Application], None] | None = None
+) -> web.Application:
+    """The S3 app; ``routes`` adds routes that come before the S3 catch-all (the fleet's
+    peer API, outside S3's namespace)."""
     # client_max_size only bounds read()/post(); bodies are streamed, never read whole.
     # access_log outermost (it sees the rendered status); then s3_errors, so a write that
     # raises an S3Error is rendered, not recorded.
@@ -63,6 +68,8 @@ def build_s3_app(services: S3Services) -> web.Application:
     )
     app[SERVICES] = services
     app.on_response_prepare.append(add_request_headers)
+    if routes is not None:
+        routes(app)
     # [\s\S]: "." would not match a newline, and a key may hold one (%0A in the path).
     app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch, expect_handler=expect_continue)
     return app
@@ -79,11 +86,14 @@ async def expect_continue(request: web.Request) -> None:
 
 
 def build_s3_runner(
-    services: S3Services, limits: HttpLimits, shutdown_timeout_s: float
+    services: S3Services,
+    limits: HttpLimits,
+    shutdown_timeout_s: float,
+    routes: Callable[[web.Application], None] | None = None,
 ) -> web.AppRunner:
     """The runner of the S3 app: parser limits, and parse errors answered as S3 XML."""
     return _S3Runner(
-        build_s3_app(services),
+        build_s3_app(services, routes),
         handle_signals=False,
         shutdown_timeout=shutdown_timeout_s,
         auto_decompress=False,

@@ -273,6 +273,23 @@ class Journal(JournalEngine):
 
         return await self._read(op)
 
+    async def scan_unflushed(
+        self, bucket: str, prefix: str, after: str, limit: int
+    ) -> list[LocalObject]:
+        """Like ``scan``, but only rows not durable upstream (versions and tombstones): what
+        another gateway of the fleet cannot find in the bucket."""
+
+        def op(conn: sqlite3.Connection) -> list[LocalObject]:
+            rows = conn.execute(
+                f"SELECT {COLUMNS} FROM objects WHERE bucket = ? AND key > ? AND key >= ? "
+                "AND substr(CAST(key AS BLOB), 1, ?) = ? AND state != 'durable' "
+                "ORDER BY key LIMIT ?",
+                (bucket, after, prefix, *prefix_bytes(prefix), limit),
+            ).fetchall()
+            return [row_from(r) for r in rows]
+
+        return await self._read(op)
+
     async def has_unflushed_objects(self, bucket: str) -> bool:
         """Is any version (not a delete) in ``bucket`` still waiting for the upstream?"""
         if not self.figures.has_unflushed(bucket):

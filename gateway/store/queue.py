@@ -178,14 +178,25 @@ class FlushQueue:
 
         return await self._journal.run_admin_read(op)
 
+    async def unflushed_keys(
+        self, bucket: str | None, prefix: str, max_seq: int, limit: int
+    ) -> list[tuple[str, str]]:
+        """Like ``pending_keys``, but every state that is not durable (flushing, failed)."""
+        where = "state != 'durable' AND COALESCE(fence_seq, seq) <= ?"
+        return await self._keys(where, bucket, prefix, max_seq, limit)
+
     async def pending_keys(
         self, bucket: str | None, prefix: str, max_seq: int, limit: int
     ) -> list[tuple[str, str]]:
         """(bucket, key) of up to ``limit`` pending rows under ``bucket`` (None: all) and
         ``prefix`` acknowledged at or before ``max_seq`` (admin pool)."""
+        return await self._keys("state = 'pending' AND seq <= ?", bucket, prefix, max_seq, limit)
+
+    async def _keys(
+        self, where: str, bucket: str | None, prefix: str, max_seq: int, limit: int
+    ) -> list[tuple[str, str]]:
         sql = (
-            "SELECT bucket, key FROM objects WHERE state = 'pending' AND seq <= ? "
-            "AND substr(CAST(key AS BLOB), 1, ?) = ?"
+            f"SELECT bucket, key FROM objects WHERE {where} AND substr(CAST(key AS BLOB), 1, ?) = ?"
         )
         args: list[object] = [max_seq, *prefix_bytes(prefix)]
         if bucket is not None:

@@ -112,3 +112,21 @@ CREATE TABLE IF NOT EXISTS verified_files (
     mtime_ns    INTEGER NOT NULL,
     ctime_ns    INTEGER NOT NULL
 );
+
+-- The fleet (docs/fleet.md): the other gateways this one has known, remembered so that a
+-- restart, or a node that drops out of discovery, does not make it forget a node that may
+-- hold acknowledged writes. A row goes only when the node says goodbye (has_left) or an
+-- operator forgets it.
+CREATE TABLE IF NOT EXISTS fleet_members (
+    node_id     TEXT PRIMARY KEY,
+    address     TEXT NOT NULL,
+    datadir_id  TEXT,                          -- the node's data-dir id when last seen
+    has_left    INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+-- This data dir's identity: one row, drawn when the journal is created. A node that comes
+-- back with an empty disk has a new one, which its peers can tell.
+CREATE TABLE IF NOT EXISTS datadir_identity (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    datadir_id  TEXT NOT NULL
+);

@@ -235,6 +235,10 @@ def count_upstream_request(
     UPSTREAM_REQUESTS.labels(event_name.rpartition(".")[2], status).inc()
 
 
+# botocore credential providers whose keys are configured, not issued per node.
+_STATIC_CREDENTIALS = frozenset({"explicit", "env", "shared-credentials-file", "config-file"})
+
+
 # Codes of an upstream that answered but refused the gateway's own credentials.
 _CREDENTIAL_CODES = frozenset(
     {
@@ -309,9 +313,10 @@ class AiobotocoreUpstream:
         self._keys = (access_key, secret_key)
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
+        self._session: Any = None
 
     async def start(self) -> None:
-        session = get_session()
+        session = self._session = get_session()
         kwargs: dict[str, Any] = {}
         if self._keys[0] is not None:
             kwargs = {"aws_access_key_id": self._keys[0], "aws_secret_access_key": self._keys[1]}
@@ -334,6 +339,19 @@ class AiobotocoreUpstream:
 
     async def close(self) -> None:
         await self._stack.aclose()
+
+    async def shared_secret_key(self) -> str | None:
+        """The upstream secret key when it is the same on every node that has it (explicit,
+        environment, shared credentials or config file): the fleet's default secret is
+        derived from it. None for credentials that differ per node or rotate (instance
+        roles, web identity, SSO) or when there are none. Call after ``start``."""
+        if self._keys[1] is not None:
+            return self._keys[1]
+        creds = await self._session.get_credentials()
+        if creds is None or getattr(creds, "method", None) not in _STATIC_CREDENTIALS:
+            return None
+        frozen = await creds.get_frozen_credentials()
+        return str(frozen.secret_key)
 
     async def probe(self, timeout_s: float) -> ProbeProblem | None:
         """Send one ListBuckets and wait at most ``timeout_s`` for it. None when the upstream

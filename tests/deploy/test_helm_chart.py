@@ -82,7 +82,10 @@ def test_defaults_refuse_to_render_without_upstream_and_credentials() -> None:
 def test_default_kinds() -> None:
     manifests = render()
     assert sorted(manifests) == ["DaemonSet", "Secret", "Service", "ServiceAccount"]
-    assert len(manifests["Secret"]) == 2  # client credentials and the admin token
+    # client credentials, the admin token and the fleet secret
+    assert len(manifests["Secret"]) == 3
+    # the node-local Service and the fleet's headless one
+    assert len(manifests["Service"]) == 2
 
 
 def test_probes_on_the_admin_port() -> None:
@@ -172,10 +175,10 @@ def test_node_local_access_host_port_service_or_host_network() -> None:
     manifests = render()
     s3_port = next(p for p in gateway_container(manifests)["ports"] if p["name"] == "s3")
     assert s3_port["hostPort"] == 9000
-    (service,) = manifests["Service"]
+    service = next(s for s in manifests["Service"] if s["metadata"]["name"] == "gw-s3-gateway")
     assert service["spec"]["internalTrafficPolicy"] == "Local"
     assert {p["name"] for p in service["spec"]["ports"]} == {"s3", "admin"}
-    no_host_port = render(s3={"hostPort": 0}, service={"enabled": False})
+    no_host_port = render(s3={"hostPort": 0}, service={"enabled": False}, fleet={"enabled": False})
     assert "Service" not in no_host_port
     assert all("hostPort" not in p for p in gateway_container(no_host_port)["ports"])
     host_net = render(hostNetwork=True)
@@ -239,7 +242,7 @@ def test_admin_token_secret_mounted_for_the_cli() -> None:
     )
     volume = next(v for v in pod_spec(own)["volumes"] if v["name"] == "admin-token")
     assert volume["secret"]["secretName"] == "ops-admin"
-    assert len(own["Secret"]) == 1  # the client credentials only
+    assert len(own["Secret"]) == 2  # the client credentials and the fleet secret
 
 
 def test_limits_and_capacity_reach_the_gateway_as_real_options(tmp_path: Path) -> None:
@@ -269,6 +272,9 @@ def test_limits_and_capacity_reach_the_gateway_as_real_options(tmp_path: Path) -
     token_file = tmp_path / "token"
     token_file.write_text("t" * 40)
     serve_env["GATEWAY_ADMIN_TOKEN_FILE"] = str(token_file)
+    peer_secret = tmp_path / "peerSecret"
+    peer_secret.write_text("s" * 48)
+    serve_env["GATEWAY_PEER_SECRET_FILE"] = str(peer_secret)
     settings = config.load(None, {k: v for k, v in serve_env.items() if isinstance(v, str)} | {
         "GATEWAY_ACCESS_KEY": "k",
         "GATEWAY_SECRET_KEY": "s",
@@ -328,3 +334,41 @@ def test_restore_init_container_is_printed_for_training_pods() -> None:
 def test_read_options_reach_the_gateway() -> None:
     env = env_of(gateway_container(render(gateway={"readPartSize": "16MiB"})))
     assert env["GATEWAY_READ_PART_SIZE"] == "16MiB" and env["GATEWAY_READ_CONCURRENCY"] == "32"
+
+
+def test_the_fleet_is_a_headless_service_over_every_pod_with_node_names_and_a_secret() -> None:
+    manifests = render()
+    peers = next(s for s in manifests["Service"] if s["metadata"]["name"] == "gw-s3-gateway-peers")
+    (daemonset,) = manifests["DaemonSet"]
+    assert peers["spec"]["clusterIP"] == "None"
+    # Not-ready pods stay listed: a restarting node holding unflushed shards is still asked.
+    assert peers["spec"]["publishNotReadyAddresses"] is True
+    assert peers["spec"]["selector"] == daemonset["spec"]["selector"]["matchLabels"]
+    assert peers["spec"]["ports"] == [{"name": "s3", "port": 9000, "targetPort": "s3",
+                                       "protocol": "TCP"}]  # fmt: skip
+    container = gateway_container(manifests)
+    env = env_of(container)
+    assert env["GATEWAY_PEERS"] == "dns:gw-s3-gateway-peers.ml.svc:9000"
+    assert env["GATEWAY_PEER_SECRET_FILE"] == "/etc/s3-gateway/fleet/peerSecret"
+    assert env["GATEWAY_PEER_LEASE"] == "3"
+    node_name = next(e for e in container["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    secret = next(s for s in manifests["Secret"] if s["metadata"]["name"] == "gw-s3-gateway-fleet")
+    assert len(base64.b64decode(secret["data"]["peerSecret"])) == 48
+    volume = next(v for v in pod_spec(manifests)["volumes"] if v["name"] == "fleet-secret")
+    assert volume["secret"]["secretName"] == "gw-s3-gateway-fleet"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["fleet-secret"]["mountPath"] == "/etc/s3-gateway/fleet"
+    assert config.load(None, {"GATEWAY_PEERS": env["GATEWAY_PEERS"]}).peers == env["GATEWAY_PEERS"]
+
+
+def test_the_fleet_secret_can_be_an_existing_one_and_the_fleet_turned_off() -> None:
+    own = render(fleet={"secret": {"create": False, "existingSecret": "ops-fleet"}})
+    volume = next(v for v in pod_spec(own)["volumes"] if v["name"] == "fleet-secret")
+    assert volume["secret"]["secretName"] == "ops-fleet"
+    assert all(s["metadata"]["name"] != "gw-s3-gateway-fleet" for s in own["Secret"])
+    off = render(fleet={"enabled": False})
+    env = env_of(gateway_container(off))
+    assert "GATEWAY_PEERS" not in env and "NODE_NAME" not in env
+    assert [s["metadata"]["name"] for s in off["Service"]] == ["gw-s3-gateway"]
+    assert all(v["name"] != "fleet-secret" for v in pod_spec(off)["volumes"])

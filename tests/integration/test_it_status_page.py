@@ -255,3 +255,29 @@ def test_status_page_shows_the_flush_rate_after_flushing(
     assert rows[0] == [bucket, "ckpt/step_3/", "durable in the bucket", "-", "-", "-"]
     # The chart's scale is the highest per-interval rate: non-zero once bytes flushed.
     assert _text_of(dom, "chart-max") not in ("-", "1 B/s")
+
+
+def test_status_page_shows_the_fleet_and_what_a_held_marker_waits_on(
+    moto_server: str, bucket: str, tmp_path: Path
+) -> None:
+    from fleetutil import fleet_of, until, wait_joined
+
+    a, b = fleet_of(tmp_path / "fleet", moto_server, ("a", "b"))
+    try:
+        a.start()
+        b.start()
+        wait_joined([a, b], ("a", "b"))
+        b.pause_flush()
+        b.client().put_object(Bucket=bucket, Key="ck/1/shard_b", Body=b"on b")
+        a.client().put_object(Bucket=bucket, Key="ck/1/.metadata", Body=b"meta")
+        b.kill()
+        until(lambda: "unreachable" in str(a.admin_get("/admin/v1/fleet")["held_markers"]))
+        dom = _run_chromium(f"{a.admin}/", tmp_path, "--dump-dom").stdout
+        rows = re.findall(r"<table id=\"fleet\">.*?<tbody>(.*?)</tbody>", dom, re.S)
+        assert rows and ">b<" in rows[0] and ">unreachable<" in rows[0], rows
+        note = _text_of(dom, "fleet-note")
+        assert note.startswith("this node: a · 1 other gateways · HELD:"), note
+        assert f"{bucket}/ck/1/.metadata waiting on b: unreachable for" in note
+    finally:
+        a.stop()
+        b.stop()

@@ -16,9 +16,10 @@ import pytest
 from gateway import config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# At 80 columns: 79 lines today (one line an option but one). Room for a few more options;
-# a new family of options (the fleet's) raises it by its own lines, on purpose.
-HELP_LINE_BUDGET = 90
+# At 80 columns: 91 lines today (one line an option but one): 79 before the fleet's group
+# of 8 (its replica options to come). A new family of options raises it by its own lines,
+# on purpose.
+HELP_LINE_BUDGET = 110
 COLUMNS = 80
 
 

@@ -152,6 +152,11 @@ def object_headers(
     out["Content-Type"] = meta.content_type
     out["Accept-Ranges"] = "bytes"
     out["x-gateway-flush-state"] = head.state.value
+    if head.held_by is not None:  # a commit marker the fleet holds (docs/fleet.md)
+        out["x-gateway-flush-state"] = "held"
+        out["x-gateway-held-by"] = _printable(head.held_by)
+    if head.node is not None:  # served by the fleet member that holds it unflushed
+        out["x-gateway-node"] = _printable(head.node)
     out.update({_HEADER_NAMES.get(k, k): v for k, v in meta.headers.items()})
     out.update({f"x-amz-meta-{k}": v for k, v in meta.user_metadata.items()})
     if head.byte_range is not None:
@@ -164,6 +169,11 @@ def object_headers(
         if param in (overrides or {}):
             out[header] = (overrides or {})[param]
     return out
+
+
+def _printable(text: str) -> str:
+    """A header value from free text (node names, error messages): printable ASCII only."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text)[:1000]
 
 
 def _checksum_headers(checksums: Mapping[str, str]) -> dict[str, str]:

@@ -39,6 +39,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-admin" (include "s3-gateway.fullname" .)) .Values.admin.token.existingSecret -}}
 {{- end -}}
 
+{{- define "s3-gateway.peerSecretName" -}}
+{{- default (printf "%s-fleet" (include "s3-gateway.fullname" .)) .Values.fleet.secret.existingSecret -}}
+{{- end -}}
+
+{{- define "s3-gateway.peerServiceName" -}}
+{{- printf "%s-peers" (include "s3-gateway.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "s3-gateway.hasAdminToken" -}}
 {{- if or .Values.admin.token.create .Values.admin.token.existingSecret -}}true{{- end -}}
 {{- end -}}

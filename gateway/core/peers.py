@@ -1,0 +1,86 @@
+"""Reads across the fleet (docs/fleet.md, "Reads across nodes"): which version of a key
+wins among this node's row, the peers' unflushed versions and the bucket, and how a peer's
+answer becomes an S3 answer here.
+
+Which version wins: an unflushed version (here or on a peer) beats the bucket's and a
+durable local copy, since it will be uploaded after them; among unflushed versions the
+newest acknowledgement wins (ties: this node, then the higher node id), a delete being a
+version like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NoReturn
+
+from gateway.core.bodies import ChunkSource, NoBody
+from gateway.core.heads import ObjectBody, ObjectHead, ReadOptions
+from gateway.core.ranges import ByteRange
+from gateway.errors import S3Error, upstream_error
+from gateway.fleet.view import FleetView, PeerError, PeerRead
+from gateway.models import FlushState, LocalObject
+
+PART_HEADER = "x-gateway-part-number"
+
+
+def is_unflushed(row: LocalObject | None) -> bool:
+    return row is not None and row.state is not FlushState.DURABLE
+
+
+async def newest_source(
+    fleet: FleetView, nodes: Sequence[str], bucket: str, key: str, local: LocalObject | None
+) -> str | None:
+    """The peer to read ``key`` from, or None when this node's row or the bucket wins.
+
+    With one candidate and nothing unflushed here, the candidate is read at once (one round
+    trip: it answers "not held" if it has nothing); otherwise the candidates' versions are
+    asked first and compared."""
+    if len(nodes) == 1 and not is_unflushed(local):
+        return nodes[0]
+    heads = await fleet.heads(nodes, bucket, key)
+    if not heads:
+        return None
+    best = max(heads, key=lambda h: (h.acked_s, h.node_id))
+    if local is not None and is_unflushed(local) and local.acked_s >= best.acked_s:
+        return None
+    return best.node_id
+
+
+def forward_headers(read: ReadOptions) -> dict[str, str]:
+    """What a peer needs to answer a read as S3 would: range or part, preconditions."""
+    out: dict[str, str] = {}
+    if read.range is not None:
+        out["Range"] = read.range.header()
+    if read.part_number is not None:
+        out[PART_HEADER] = str(read.part_number)
+    cond = read.cond
+    for name, value in (
+        ("If-Match", cond.if_match),
+        ("If-None-Match", cond.if_none_match),
+        ("If-Modified-Since", cond.if_modified_since),
+        ("If-Unmodified-Since", cond.if_unmodified_since),
+    ):
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def as_body(read: PeerRead) -> ObjectBody:
+    """A peer's answer as this node's answer (the caller MUST ``aclose`` its source)."""
+    rng = None if read.byte_range is None else ByteRange(*read.byte_range)
+    head = ObjectHead(
+        read.head.meta,
+        FlushState(read.head.state),
+        rng,
+        read.parts_count,
+        read.is_not_modified,
+        node=read.head.node_id,
+    )
+    return ObjectBody(head, NoBody() if read.body is None else ChunkSource(read.body))
+
+
+def raise_peer_error(exc: PeerError) -> NoReturn:
+    """A peer's S3 error of its version, raised here as the same S3 error."""
+    error: S3Error = upstream_error(exc.code, exc.status, exc.message)
+    error.fields = dict(exc.fields)
+    raise error from None

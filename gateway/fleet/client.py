@@ -1,0 +1,266 @@
+"""The peer client: the only module that speaks to other gateways (an edge, like
+``upstream/``). HTTP to their peer API (``api.py``) on their S3 listeners, every request
+signed with the fleet secret (``auth.py``), every call with a deadline; any failure is a
+``PeerUnavailable`` (or, for a read, the peer's S3 error as ``PeerError``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import aiohttp
+import yarl
+
+from gateway.clock import Clock
+from gateway.fleet import auth
+from gateway.fleet.transport import PeerError, PeerHead, PeerRead, PeerUnavailable
+from gateway.fleet.wire import (
+    PATH_PREFIX,
+    DirChange,
+    DrainAnswer,
+    DrainRequest,
+    LeaseGrant,
+    LeaseRequest,
+    NodeInfo,
+    PeerRow,
+    WireError,
+)
+from gateway.models import ObjectMeta
+
+HEAD_HEADER = "x-gateway-peer-head"  # base64url JSON of the version a read answers with
+HELD_HEADER = "x-gateway-peer-held"  # "none": the peer holds no unflushed version
+ERROR_HEADER = "x-gateway-peer-error"  # the answer is an S3 error of the peer's version
+# A body from a peer is passed on as it arrives (``iter_any``: no re-chunking copy), with
+# up to this much buffered (aiohttp's default, 64 KiB, paused the socket far more often).
+READ_CHUNK_BYTES = 4 << 20
+# Headers of a GET/HEAD that a peer evaluates against its version.
+FORWARDED = ("Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since")
+PART_HEADER = "x-gateway-part-number"
+
+
+def encode_head(head: PeerHead, extra: Mapping[str, Any]) -> str:
+    m = head.meta
+    doc = {
+        "node": head.node_id,
+        "state": head.state,
+        "acked_s": head.acked_s,
+        "is_delete": head.is_delete,
+        "meta": {
+            "bucket": m.bucket,
+            "key": m.key,
+            "size": m.size_bytes,
+            "etag": m.etag,
+            "last_modified_s": m.last_modified_s,
+            "content_type": m.content_type,
+            "user_metadata": dict(m.user_metadata),
+            "headers": dict(m.headers),
+            "checksums": dict(m.checksums),
+        },
+        **extra,
+    }
+    return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+
+
+def decode_head(value: str) -> tuple[PeerHead, dict[str, Any]]:
+    """The version a peer's read answered with; raises WireError when malformed."""
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(value.encode()))
+        m = doc["meta"]
+        meta = ObjectMeta(
+            bucket=str(m["bucket"]),
+            key=str(m["key"]),
+            size_bytes=int(m["size"]),
+            etag=str(m["etag"]),
+            last_modified_s=float(m["last_modified_s"]),
+            content_type=str(m["content_type"]),
+            user_metadata={str(k): str(v) for k, v in m["user_metadata"].items()},
+            headers={str(k): str(v) for k, v in m["headers"].items()},
+            checksums={str(k): str(v) for k, v in m["checksums"].items()},
+        )
+        head = PeerHead(
+            str(doc["node"]), meta, str(doc["state"]), float(doc["acked_s"]), bool(doc["is_delete"])
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise WireError(f"bad {HEAD_HEADER}: {exc}") from None
+    return head, doc
+
+
+class PeerClient:
+    """``PeerTransport`` over HTTP. One connection pool for every peer; MUST be closed."""
+
+    def __init__(self, node_id: str, secret: bytes, clock: Clock, *, scheme: str = "http") -> None:
+        self._node_id = node_id
+        self._secret = secret
+        self._clock = clock
+        self._scheme = scheme
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, ssl=False)
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, read_bufsize=READ_CHUNK_BYTES
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _signed(self, method: str, path: str, query: str, body: bytes | None) -> dict[str, str]:
+        return auth.sign(self._secret, method, path, query, self._node_id, self._clock.wall(), body)
+
+    async def _call(self, address: str, op: str, doc: Mapping[str, Any], timeout_s: float) -> Any:
+        """POST ``doc`` to ``op``; the decoded JSON answer (None for 204)."""
+        path = PATH_PREFIX + op
+        body = json.dumps(doc).encode()
+        headers = self._signed("POST", path, "", body)
+        headers["Content-Type"] = "application/json"
+        url = f"{self._scheme}://{address}{path}"
+        try:
+            async with self._client().post(
+                url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                payload = await resp.read()
+                if resp.status == 204:
+                    return None
+                if resp.status != 200:
+                    raise PeerUnavailable(f"{op}: HTTP {resp.status} {payload[:200]!r}")
+                return json.loads(payload)
+        except PeerUnavailable:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise PeerUnavailable(f"{op}: {type(exc).__name__}: {exc}") from None
+
+    async def hello(self, address: str, timeout_s: float) -> NodeInfo:
+        return _decoded(NodeInfo.from_json, await self._call(address, "hello", {}, timeout_s))
+
+    async def lease(self, address: str, request: LeaseRequest, timeout_s: float) -> LeaseGrant:
+        answer = await self._call(address, "lease", request.to_json(), timeout_s)
+        return _decoded(LeaseGrant.from_json, answer)
+
+    async def announce(self, address: str, change: DirChange, timeout_s: float) -> None:
+        await self._call(address, "directory", change.to_json(), timeout_s)
+
+    async def drain(self, address: str, request: DrainRequest, timeout_s: float) -> DrainAnswer:
+        answer = await self._call(address, "drain", request.to_json(), timeout_s)
+        return _decoded(DrainAnswer.from_json, answer)
+
+    async def bye(self, address: str, node: NodeInfo, timeout_s: float) -> None:
+        await self._call(address, "bye", node.to_json(), timeout_s)
+
+    async def version(
+        self, address: str, bucket: str, key: str, timeout_s: float
+    ) -> PeerHead | None:
+        answer = await self._call(address, "version", {"bucket": bucket, "key": key}, timeout_s)
+        if not isinstance(answer, dict) or answer.get("head") is None:
+            return None
+        try:
+            return decode_head(str(answer["head"]))[0]
+        except WireError as exc:
+            raise PeerUnavailable(str(exc)) from None
+
+    async def figures(
+        self, address: str, bucket: str, paths: Sequence[str], timeout_s: float
+    ) -> dict[str, dict[str, Any]]:
+        answer = await self._call(
+            address, "figures", {"bucket": bucket, "paths": list(paths)}, timeout_s
+        )
+        if not isinstance(answer, dict) or not isinstance(answer.get("paths"), dict):
+            raise PeerUnavailable("figures: bad answer")
+        return {str(k): v for k, v in answer["paths"].items() if isinstance(v, dict)}
+
+    async def list_rows(
+        self, address: str, bucket: str, prefix: str, after: str, limit: int, timeout_s: float
+    ) -> tuple[list[PeerRow], bool]:
+        doc = {"bucket": bucket, "prefix": prefix, "after": after, "limit": limit}
+        answer = await self._call(address, "rows", doc, timeout_s)
+        try:
+            rows = [PeerRow.from_json(r) for r in answer["rows"]]
+            return rows, bool(answer["truncated"])
+        except (WireError, KeyError, TypeError) as exc:
+            raise PeerUnavailable(f"rows: bad answer: {exc}") from None
+
+    async def read(
+        self,
+        address: str,
+        bucket: str,
+        key: str,
+        *,
+        method: str,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> PeerRead | None:
+        path = PATH_PREFIX + "object"
+        query = urllib.parse.urlencode({"bucket": bucket, "key": key})
+        signed = self._signed(method, path, query, b"")
+        signed.update({k: v for k, v in headers.items() if k in (*FORWARDED, PART_HEADER)})
+        # encoded: the query goes out exactly as signed (yarl would normalise %2F).
+        url = yarl.URL(f"{self._scheme}://{address}{path}?{query}", encoded=True)
+        # The head must come within timeout_s; the body's chunks each within it too.
+        timeout = aiohttp.ClientTimeout(connect=timeout_s, sock_read=timeout_s)
+        try:
+            resp = await self._client().request(method, url, headers=signed, timeout=timeout)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise PeerUnavailable(f"read: {type(exc).__name__}: {exc}") from None
+        try:
+            return await _read_answer(resp, method)
+        except BaseException:
+            resp.release()
+            raise
+
+
+async def _read_answer(resp: aiohttp.ClientResponse, method: str) -> PeerRead | None:
+    if resp.headers.get(HELD_HEADER) == "none":
+        resp.release()
+        return None
+    if resp.headers.get(ERROR_HEADER):
+        try:
+            doc = json.loads(await resp.read())
+            raise PeerError(resp.status, str(doc["code"]), str(doc["message"]), doc["fields"])
+        except (ValueError, KeyError, TypeError, aiohttp.ClientError) as exc:
+            raise PeerUnavailable(f"read: bad error answer: {exc}") from None
+    value = resp.headers.get(HEAD_HEADER)
+    if resp.status not in (200, 206, 304) or value is None:
+        raise PeerUnavailable(f"read: HTTP {resp.status} without a version")
+    try:
+        head, doc = decode_head(value)
+    except WireError as exc:
+        raise PeerUnavailable(str(exc)) from None
+    rng = doc.get("byte_range")
+    has_body = method == "GET" and resp.status != 304
+    if not has_body:
+        resp.release()
+    return PeerRead(
+        head,
+        byte_range=(int(rng[0]), int(rng[1]), int(rng[2])) if rng else None,
+        parts_count=doc.get("parts_count"),
+        is_not_modified=resp.status == 304,
+        body=_chunks(resp) if has_body else None,
+    )
+
+
+async def _chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The body in pieces; a peer that stops sending raises (the client's connection is
+    then cut by the protocol layer, never completed short)."""
+    try:
+        async for chunk in resp.content.iter_any():
+            yield chunk
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise PeerUnavailable(f"read: body: {type(exc).__name__}: {exc}") from None
+    finally:
+        resp.release()
+
+
+T = TypeVar("T")
+
+
+def _decoded(parse: Callable[[Any], T], answer: Any) -> T:
+    try:
+        return parse(answer)
+    except WireError as exc:
+        raise PeerUnavailable(f"bad answer: {exc}") from None

@@ -1,0 +1,311 @@
+"""Fleet: this gateway as a member of a fleet (docs/fleet.md). Built by the composition
+root only when peers are configured.
+
+It owns the membership, this node's directory, the fleet fence and their background work,
+answers what peers ask of it (``on_*``, called by the peer API) and is what the services
+and the flusher see through ``view.FleetView`` and ``view.MarkerHolds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway import metrics
+from gateway.clock import Clock
+from gateway.fleet.directory import LocalDirectory, WriteIntent
+from gateway.fleet.fence import FleetFence, Hold, NodeDrain
+from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
+from gateway.fleet.transport import PeerHead, PeerRead, PeerTransport, PeerUnavailable
+from gateway.fleet.view import HoldHandle
+from gateway.fleet.wire import DirChange, LeaseGrant, LeaseRequest, NodeInfo, PeerRow
+
+log = logging.getLogger(__name__)
+_TICK_S = 1.0  # how often announced directories are checked for withdrawal
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """Timing of the fleet protocol (docs/fleet.md)."""
+
+    port: int  # this node's S3 port (peers reach it there)
+    lease_s: float = 3.0
+    refresh_s: float = 10.0  # discovery is asked again this often
+    timeout_s: float = 2.0  # hello, announcements, goodbyes
+    read_timeout_s: float = 2.0  # a peer read's answer (its head)
+
+
+class Fleet:
+    """See the module docstring. Loop-bound."""
+
+    def __init__(
+        self,
+        me: NodeInfo,
+        config: FleetConfig,
+        discovery: Discovery,
+        transport: PeerTransport,
+        store: MemberStore,
+        clock: Clock,
+        has_unflushed: Callable[[str, str], bool],
+    ) -> None:
+        self.me = me
+        self.config = config
+        self._transport = transport
+        self._clock = clock
+        self._has_unflushed = has_unflushed
+        self.membership = Membership(
+            me,
+            config.port,
+            discovery,
+            transport,
+            store,
+            clock,
+            lease_s=config.lease_s,
+            refresh_s=config.refresh_s,
+            timeout_s=config.timeout_s,
+        )
+        self.directory = LocalDirectory(me, clock, transport.announce, lease_s=config.lease_s)
+        self.fence = FleetFence(self.membership, transport, clock)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._is_stopped = False
+        self.read_fallbacks = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """The remembered members: before the flusher loads its held markers."""
+        await self.membership.load()
+
+    async def start(self) -> None:
+        """A first discovery and a first lease from every member that answers, before the
+        gateway serves (so its first reads can trust the copies); then the background
+        work. The S3 listener MUST be up (peers ask it back)."""
+        await self.membership.discover()
+        await self.membership.renew_now()
+        self._tasks = [
+            asyncio.create_task(self.membership.run(), name="fleet membership"),
+            asyncio.create_task(self._tick(), name="fleet directory"),
+        ]
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(_TICK_S)
+            self.directory.tick(self._has_unflushed)
+            self._gauges()
+
+    def _gauges(self) -> None:
+        states = [_member_state(m) for m in self.membership.members.values()]
+        for state in ("reachable", "unreachable", "unknown", "left"):
+            metrics.FLEET_MEMBERS.labels(state).set(states.count(state))
+        metrics.FLEET_HELD_MARKERS.set(len(self.fence.holds()))
+
+    async def stop(self, *, say_bye: bool) -> None:
+        """Stop the background work; ``say_bye`` when nothing is left unflushed here (the
+        members then stop waiting on this node). Idempotent."""
+        if self._is_stopped:
+            return
+        self._is_stopped = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if say_bye:
+            await self.membership.say_bye()
+        await self.fence.close()
+        await self.directory.close()
+        await self.membership.close()
+
+    # -- what peers ask (the peer API calls these) -----------------------------------------
+
+    def on_lease(self, request: LeaseRequest, host: str) -> LeaseGrant:
+        address = f"[{host}]:{request.port}" if ":" in host else f"{host}:{request.port}"
+        if request.holder.node_id != self.me.node_id:
+            self.membership.admit(request.holder, address)
+        return self.directory.grant(request, address)
+
+    def on_change(self, change: DirChange) -> None:
+        member = self.membership.get(change.node_id)
+        if member is not None:
+            member.remote.apply_change(change)
+
+    def on_bye(self, node: NodeInfo) -> None:
+        self.membership.leave(node.node_id)
+        self.directory.forget_holder(node.node_id)
+
+    # -- FleetView ------------------------------------------------------------------------
+
+    def writing(self, bucket: str, key: str) -> contextlib.AbstractAsyncContextManager[WriteIntent]:
+        return self.directory.writing(bucket, key)
+
+    def _may_hold(self, member: Member, lists: Callable[[Member], bool], now_s: float) -> bool:
+        if member.remote.is_trusted(now_s):
+            return lists(member)
+        return member.is_reachable is not False  # unknown: ask it (unreachable: do without)
+
+    def candidates(self, bucket: str, key: str) -> Sequence[str]:
+        now_s = self._clock.monotonic()
+        return [
+            m.node_id
+            for m in self.membership.active()
+            if self._may_hold(m, lambda m: m.remote.lists_key(bucket, key), now_s)
+        ]
+
+    def prefix_candidates(self, bucket: str, prefix: str) -> Sequence[str]:
+        now_s = self._clock.monotonic()
+        return [
+            m.node_id
+            for m in self.membership.active()
+            if self._may_hold(m, lambda m: m.remote.lists_prefix(bucket, prefix), now_s)
+        ]
+
+    async def heads(self, nodes: Sequence[str], bucket: str, key: str) -> list[PeerHead]:
+        found = await asyncio.gather(*(self._version(n, bucket, key) for n in nodes))
+        return [h for h in found if h is not None]
+
+    async def _version(self, node: str, bucket: str, key: str) -> PeerHead | None:
+        member = self.membership.get(node)
+        if member is None:
+            return None
+        try:
+            return await self._transport.version(
+                member.address, bucket, key, self.config.read_timeout_s
+            )
+        except PeerUnavailable as exc:
+            self._fell_back(node, f"{bucket}/{key}", exc)
+            return None
+
+    async def read(
+        self, node: str, bucket: str, key: str, method: str, headers: Mapping[str, str]
+    ) -> PeerRead | None:
+        member = self.membership.get(node)
+        if member is None:
+            return None
+        try:
+            return await self._transport.read(
+                member.address,
+                bucket,
+                key,
+                method=method,
+                headers=headers,
+                timeout_s=self.config.read_timeout_s,
+            )
+        except PeerUnavailable as exc:
+            self._fell_back(node, f"{bucket}/{key}", exc)
+            return None
+
+    async def rows(
+        self, nodes: Sequence[str], bucket: str, prefix: str, after: str, limit: int
+    ) -> tuple[list[PeerRow], str | None]:
+        pages = await asyncio.gather(*(self._rows(n, bucket, prefix, after, limit) for n in nodes))
+        bound: str | None = None  # every row up to here is known (None: to the end)
+        for rows, truncated in pages:
+            if truncated and rows and (bound is None or rows[-1].key < bound):
+                bound = rows[-1].key
+        newest: dict[str, PeerRow] = {}
+        for rows, _ in pages:
+            for row in rows:
+                if bound is not None and row.key > bound:
+                    break
+                seen = newest.get(row.key)
+                if seen is None or row.acked_s > seen.acked_s:
+                    newest[row.key] = row
+        return sorted(newest.values(), key=lambda r: r.key), bound
+
+    async def _rows(
+        self, node: str, bucket: str, prefix: str, after: str, limit: int
+    ) -> tuple[list[PeerRow], bool]:
+        member = self.membership.get(node)
+        if member is None:
+            return [], False
+        try:
+            return await self._transport.list_rows(
+                member.address, bucket, prefix, after, limit, self.config.read_timeout_s
+            )
+        except PeerUnavailable as exc:
+            self._fell_back(node, f"{bucket}/{prefix}*", exc)
+            return [], False
+
+    def _fell_back(self, node: str, what: str, exc: Exception) -> None:
+        self.read_fallbacks += 1
+        metrics.PEER_READ_FALLBACKS.inc()
+        log.warning("peer %s did not answer a read of %s (%s): left out", node, what, exc)
+
+    def held_by(self, bucket: str, key: str) -> str | None:
+        return self.fence.held_by(bucket, key)
+
+    async def figures(
+        self, bucket: str, paths: Sequence[str]
+    ) -> list[tuple[str, dict[str, dict[str, Any]] | None, str | None]]:
+        async def ask(member: Member) -> tuple[str, dict[str, dict[str, Any]] | None, str | None]:
+            try:
+                by_path = await self._transport.figures(
+                    member.address, bucket, paths, self.config.read_timeout_s * 5
+                )
+            except PeerUnavailable as exc:
+                return member.node_id, None, str(exc) or type(exc).__name__
+            return member.node_id, by_path, None
+
+        return list(await asyncio.gather(*(ask(m) for m in self.membership.active())))
+
+    # -- MarkerHolds ----------------------------------------------------------------------
+
+    def hold(self, bucket: str, key: str, seq: int, on_release: Callable[[], None]) -> Hold:
+        return self.fence.hold(bucket, key, seq, on_release)
+
+    def cancel(self, handle: HoldHandle) -> None:
+        assert isinstance(handle, Hold)
+        self.fence.cancel(handle)
+
+    # -- status and operations -------------------------------------------------------------
+
+    async def drain(self, bucket: str | None, prefix: str, wait_s: float) -> list[NodeDrain]:
+        return await self.fence.drain(bucket, prefix, wait_s)
+
+    def release(self, bucket: str, key: str) -> bool:
+        return self.fence.release(bucket, key) is not None
+
+    async def forget(self, node_id: str) -> bool:
+        return await self.membership.forget(node_id)
+
+    def status(self) -> dict[str, Any]:
+        """The fleet as this node sees it (admin status, status page, CLI)."""
+        now_s = self._clock.monotonic()
+        holders = set(self.directory.holders())
+        members = []
+        for m in sorted(self.membership.members.values(), key=lambda m: m.node_id):
+            members.append(
+                {
+                    "node": m.node_id,
+                    "address": m.address,
+                    "state": _member_state(m),
+                    "unreachable_seconds": (
+                        None if m.unreachable_since_s is None else now_s - m.unreachable_since_s
+                    ),
+                    "last_error": m.last_error,
+                    "lease_trusted": m.remote.is_trusted(now_s),
+                    "holds_our_lease": m.node_id in holders,
+                    "directories": len(m.remote.dirs),
+                }
+            )
+        return {
+            "node": self.me.node_id,
+            "datadir_id": self.me.datadir_id,
+            "members": members,
+            "announced_directories": len(self.directory.announced()),
+            "held_markers": [
+                {"bucket": h.bucket, "key": h.key, "waiting_on": h.reason(now_s)}
+                for h in self.fence.holds()
+            ],
+            "read_fallbacks": self.read_fallbacks,
+        }
+
+
+def _member_state(member: Member) -> str:
+    if member.has_left:
+        return "left"
+    if member.is_reachable is None:
+        return "unknown"
+    return "reachable" if member.is_reachable else "unreachable"

@@ -1,0 +1,122 @@
+"""The seam between the fleet's services and the network: what a gateway can ask a peer.
+
+``PeerTransport`` is implemented by the peer client (``client.py``, HTTP to the peer API)
+and by the fleet simulator's fake network (``tests/sim/fleet_sim.py``). Every call has a
+deadline (``timeout_s``) and raises ``PeerUnavailable`` when the peer cannot be reached,
+does not answer in time or answers with an error: the caller decides what that means (a
+peer that does not answer is never drained, never "has nothing").
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.fleet.wire import (
+    DirChange,
+    DrainAnswer,
+    DrainRequest,
+    LeaseGrant,
+    LeaseRequest,
+    NodeInfo,
+    PeerRow,
+)
+from gateway.models import ObjectMeta
+
+
+class PeerUnavailable(Exception):
+    """A peer call failed: unreachable, timed out, refused or answered an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerHead:
+    """A peer's answer about one key it holds unflushed: the version's metadata and state
+    (``state``: pending, flushing or failed), or a delete (``is_delete``)."""
+
+    node_id: str
+    meta: ObjectMeta
+    state: str
+    acked_s: float
+    is_delete: bool = False
+
+
+@dataclass(slots=True)
+class PeerRead:
+    """A peer's answer to a GET or HEAD of a key it holds unflushed, evaluated there against
+    its version (range or part, preconditions): ``byte_range`` (start, end, total) for a
+    206, ``parts_count`` for a part of a multipart object, ``is_not_modified`` for a 304;
+    ``body`` the selected bytes (None for HEAD and 304). The caller MUST ``aclose`` it."""
+
+    head: PeerHead
+    byte_range: tuple[int, int, int] | None = None
+    parts_count: int | None = None
+    is_not_modified: bool = False
+    body: AsyncIterator[bytes] | None = None
+
+    async def aclose(self) -> None:
+        if self.body is not None:
+            aclose = getattr(self.body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+class PeerError(Exception):
+    """A peer answered a read with an S3 error (404 of a delete, 412, 416, ...)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, fields: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.fields = dict(fields or {})
+
+
+class PeerTransport(Protocol):
+    async def hello(self, address: str, timeout_s: float) -> NodeInfo: ...
+
+    async def lease(self, address: str, request: LeaseRequest, timeout_s: float) -> LeaseGrant: ...
+
+    async def announce(self, address: str, change: DirChange, timeout_s: float) -> None: ...
+
+    async def drain(self, address: str, request: DrainRequest, timeout_s: float) -> DrainAnswer: ...
+
+    async def bye(self, address: str, node: NodeInfo, timeout_s: float) -> None: ...
+
+    async def version(
+        self, address: str, bucket: str, key: str, timeout_s: float
+    ) -> PeerHead | None:
+        """The peer's unflushed version (or delete) of ``key``; None if it holds none."""
+        ...
+
+    async def read(
+        self,
+        address: str,
+        bucket: str,
+        key: str,
+        *,
+        method: str,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> PeerRead | None:
+        """The peer's unflushed version of ``key`` (None: it holds none), read with the
+        request's ``Range``, ``If-*`` and ``x-gateway-part-number`` headers. Raises
+        ``PeerError`` for an S3 error of that version (a delete: 404 NoSuchKey, 412, 416).
+        ``timeout_s`` bounds the answer's head; a body that stalls raises from its
+        iterator."""
+        ...
+
+    async def figures(
+        self, address: str, bucket: str, paths: Sequence[str], timeout_s: float
+    ) -> dict[str, dict[str, Any]]:
+        """The peer's checkpoint figures of each directory in ``paths`` (by path)."""
+        ...
+
+    async def list_rows(
+        self, address: str, bucket: str, prefix: str, after: str, limit: int, timeout_s: float
+    ) -> tuple[list[PeerRow], bool]:
+        """The peer's unflushed rows under ``prefix`` after ``after`` (at most ``limit``, in
+        key order) and whether more follow."""
+        ...

@@ -1,0 +1,103 @@
+"""The narrow interfaces through which the services and the flusher use the fleet.
+
+``core/`` writes and reads through ``FleetView``; ``flush/`` holds commit markers through
+``MarkerHolds``. Both are implemented by ``gateway.fleet.node.Fleet``, which the
+composition root builds only when peers are configured: with no peers the services get
+None and never touch the fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+from gateway.fleet.transport import PeerError, PeerHead, PeerRead
+from gateway.fleet.wire import PeerRow
+
+__all__ = [
+    "FleetView",
+    "HoldHandle",
+    "MarkerHolds",
+    "PeerError",
+    "PeerHead",
+    "PeerRead",
+    "PeerRow",
+    "WriteReady",
+]
+
+
+class WriteReady(Protocol):
+    def is_ready(self) -> bool:
+        """True when nothing needs announcing (the usual case: no await needed)."""
+        ...
+
+    async def ready(self) -> None:
+        """Return once the fleet knows this write's directory (await before the commit)."""
+        ...
+
+
+class FleetView(Protocol):
+    def writing(self, bucket: str, key: str) -> AbstractAsyncContextManager[WriteReady]:
+        """Enter before a write of ``key`` starts, leave after it is committed (or failed)."""
+        ...
+
+    def candidates(self, bucket: str, key: str) -> Sequence[str]:
+        """Peers that may hold an unflushed version of ``key`` (cheap: no network)."""
+        ...
+
+    def prefix_candidates(self, bucket: str, prefix: str) -> Sequence[str]:
+        """Peers that may hold unflushed versions under ``prefix``."""
+        ...
+
+    async def heads(self, nodes: Sequence[str], bucket: str, key: str) -> list[PeerHead]:
+        """The unflushed versions ``nodes`` hold of ``key``, asked in parallel; a node that
+        does not answer in time is left out (counted and logged as a fallback)."""
+        ...
+
+    async def read(
+        self, node: str, bucket: str, key: str, method: str, headers: Mapping[str, str]
+    ) -> PeerRead | None:
+        """A GET/HEAD of ``key`` on ``node`` (None: it holds no unflushed version, or does
+        not answer). Raises ``PeerError`` for an S3 error of its version."""
+        ...
+
+    async def rows(
+        self, nodes: Sequence[str], bucket: str, prefix: str, after: str, limit: int
+    ) -> tuple[list[PeerRow], str | None]:
+        """The unflushed rows of ``nodes`` under ``prefix`` after ``after``, merged in key
+        order (the newest acknowledgement per key), and how far they are complete: every
+        row up to the returned key is in the list (None: to the end)."""
+        ...
+
+    def held_by(self, bucket: str, key: str) -> str | None:
+        """Why the commit marker ``key`` is held by the fleet, if it is."""
+        ...
+
+    async def figures(
+        self, bucket: str, paths: Sequence[str]
+    ) -> list[tuple[str, dict[str, dict[str, Any]] | None, str | None]]:
+        """Every active member's checkpoint figures of ``paths`` (their ``as_dict`` with
+        ``held_by``), asked in parallel: (node, figures by path or None, error)."""
+        ...
+
+
+class HoldHandle(Protocol):
+    @property
+    def is_released(self) -> bool: ...
+
+    @property
+    def is_stuck(self) -> bool:
+        """It waits only on nodes that cannot answer: time alone will not release it."""
+        ...
+
+
+class MarkerHolds(Protocol):
+    def hold(self, bucket: str, key: str, seq: int, on_release: Callable[[], None]) -> HoldHandle:
+        """Hold marker ``key`` until every member drained its directory; ``on_release``
+        runs once when it may flush (maybe at once, when there is nobody to ask)."""
+        ...
+
+    def cancel(self, handle: HoldHandle) -> None:
+        """The marker's version left pending: stop asking."""
+        ...

@@ -1,0 +1,380 @@
+"""The fleet over real sockets: three gateway processes on one upstream (moto), shards
+written through each, the commit marker through one (docs/fleet.md).
+
+Node b's flusher is paused where a test needs "b has not flushed yet"; what the tests
+assert is what a job on any node sees (bytes, ETags, states, drains) and what the bucket
+shows, and when.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from fleetutil import fleet_of, held_by, member, until, wait_joined
+from harness import (
+    GATEWAY_ACCESS_KEY,
+    GATEWAY_SECRET_KEY,
+    REPO_ROOT,
+    UPSTREAM_SECRET_KEY,
+    GatewayProcess,
+    crc32_b64,
+    error_code,
+    flush_state,
+    http_request,
+    payload,
+    quoted_md5,
+    read_body,
+    send_signed,
+    sign_request,
+    upstream_client,
+    upstream_objects,
+)
+
+from gateway.fleet import auth
+
+NAMES = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def fleet(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
+    gateways = fleet_of(tmp_path_factory.mktemp("fleet"), moto_server, NAMES)
+    try:
+        for gw in gateways:
+            gw.start()
+        wait_joined(gateways, NAMES)
+        yield gateways
+    finally:
+        for gw in gateways:
+            gw.stop()
+
+
+def _peer_url(gw: GatewayProcess, op: str, query: str = "") -> str:
+    return f"{gw.endpoint}/_gateway/peer/v1/{op}" + (f"?{query}" if query else "")
+
+
+def test_fleet_members_see_each_other(fleet: list[Any]) -> None:
+    a, _, _ = fleet
+    status = a.admin_get("/admin/v1/fleet")
+    assert status["node"] == "a"
+    assert sorted(m["node"] for m in status["members"]) == ["b", "c"]
+    assert all(m["state"] == "reachable" for m in status["members"])
+    assert a.status()["fleet"]["node"] == "a"  # also in the status JSON
+
+
+def test_peer_api_refuses_anything_but_the_fleet_secret(fleet: list[Any], bucket: str) -> None:
+    _, b, _ = fleet
+    with b.flush_paused():
+        b.client().put_object(Bucket=bucket, Key="secret/x", Body=b"pending on b")
+        query = f"bucket={bucket}&key=secret/x"
+        # Nothing, S3 credentials (what every job holds), or a wrong secret: 403, no body.
+        plain = http_request("GET", _peer_url(b, "object", query))
+        s3_signed = send_signed(sign_request("GET", _peer_url(b, "object", query)))
+        path = "/_gateway/peer/v1/object"
+        wrong = auth.sign(b"not the fleet secret", "GET", path, query, "a", time.time(), b"")
+        forged = http_request("GET", _peer_url(b, "object", query), headers=wrong)
+        for resp in (plain, s3_signed, forged):
+            assert resp.status == 403, resp
+            assert b"pending on b" not in resp.body
+        # ... nor make it do anything: a goodbye "from a", signed with S3 credentials.
+        body = b'{"node": "a", "datadir_id": "x", "started_s": 0, "zone": null}'
+        bye = sign_request(
+            "POST",
+            _peer_url(b, "bye"),
+            body=body,
+            access_key=GATEWAY_ACCESS_KEY,
+            secret_key=GATEWAY_SECRET_KEY,
+        )
+        assert send_signed(bye).status == 403
+        assert member(b, "a")["state"] == "reachable"
+        # The fleet's secret (derived from the shared upstream credentials) opens it.
+        secret = auth.derive_secret(UPSTREAM_SECRET_KEY)
+        ok = auth.sign(secret, "GET", path, query, "a", time.time(), b"")
+        resp = http_request("GET", _peer_url(b, "object", query), headers=ok)
+        assert resp.status == 200 and resp.body == b"pending on b"
+    b.drained(bucket=bucket)
+
+
+def test_reads_on_any_node_see_what_another_node_holds(fleet: list[Any], bucket: str) -> None:
+    a, b, c = fleet
+    key, data = "ckpt/step_1/rank_1.pt", payload(300_000, "rank1")
+    with b.flush_paused():
+        b.client().put_object(
+            Bucket=bucket, Key=key, Body=data, Metadata={"rank": "1"}, ChecksumAlgorithm="CRC32"
+        )
+        for gw in (a, c):
+            s3 = gw.client()
+            got = s3.get_object(Bucket=bucket, Key=key)
+            assert read_body(got) == data and got["ETag"] == quoted_md5(data)
+            assert got["Metadata"] == {"rank": "1"}
+            assert flush_state(got) == "pending"
+            assert got["ResponseMetadata"]["HTTPHeaders"]["x-gateway-node"] == "b"
+            head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+            assert head["ContentLength"] == len(data)
+            assert head["ChecksumCRC32"] == crc32_b64(data)
+            part = s3.get_object(Bucket=bucket, Key=key, Range="bytes=1000-1999")
+            assert read_body(part) == data[1000:2000]
+            assert part["ContentRange"] == f"bytes 1000-1999/{len(data)}"
+            with pytest.raises(ClientError) as not_modified:
+                s3.get_object(Bucket=bucket, Key=key, IfNoneMatch=quoted_md5(data))
+            assert not_modified.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
+            with pytest.raises(ClientError) as failed:
+                s3.get_object(Bucket=bucket, Key=key, IfMatch='"0000"')
+            assert error_code(failed.value) == "PreconditionFailed"
+            listed = s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/")["Contents"]
+            assert [(o["Key"], o["Size"], o["ETag"]) for o in listed] == [
+                (key, len(data), quoted_md5(data))
+            ]
+            dirs = s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/", Delimiter="/")
+            assert [p["Prefix"] for p in dirs["CommonPrefixes"]] == ["ckpt/step_1/"]
+        assert key not in upstream_objects(fleet_upstream(a), bucket)
+    a.drained(bucket=bucket)  # fleet-wide: b flushed it
+    assert read_body(a.client().get_object(Bucket=bucket, Key=key)) == data
+
+
+def fleet_upstream(gw: GatewayProcess) -> Any:
+    return upstream_client(gw.upstream_url)
+
+
+def test_a_peer_delete_is_a_delete_everywhere(fleet: list[Any], bucket: str) -> None:
+    a, b, c = fleet
+    a.client().put_object(Bucket=bucket, Key="d/k", Body=b"v1")
+    a.drained(bucket=bucket)
+    with b.flush_paused():
+        b.client().delete_object(Bucket=bucket, Key="d/k")
+        for gw in (a, c):
+            with pytest.raises(ClientError) as gone:
+                gw.client().get_object(Bucket=bucket, Key="d/k")
+            assert error_code(gone.value) == "NoSuchKey"
+            assert "Contents" not in gw.client().list_objects_v2(Bucket=bucket, Prefix="d/")
+        assert "d/k" in upstream_objects(fleet_upstream(a), bucket)  # b has not flushed
+    a.drained(bucket=bucket)
+    assert "d/k" not in upstream_objects(fleet_upstream(a), bucket)
+
+
+def test_a_copy_on_one_node_of_what_another_holds(fleet: list[Any], bucket: str) -> None:
+    a, b, _ = fleet
+    data = payload(100_000, "copy-src")
+    with b.flush_paused():
+        b.client().put_object(Bucket=bucket, Key="cp/src", Body=data)
+        copied = a.client().copy_object(
+            Bucket=bucket, Key="cp/dst", CopySource={"Bucket": bucket, "Key": "cp/src"}
+        )
+        assert copied["CopyObjectResult"]["ETag"] == quoted_md5(data)
+        assert read_body(a.client().get_object(Bucket=bucket, Key="cp/dst")) == data
+        with pytest.raises(ClientError) as failed:
+            a.client().copy_object(
+                Bucket=bucket,
+                Key="cp/dst2",
+                CopySource={"Bucket": bucket, "Key": "cp/src"},
+                CopySourceIfMatch='"0000"',
+            )
+        assert error_code(failed.value) == "PreconditionFailed"
+    a.drained(bucket=bucket)
+    assert upstream_objects(fleet_upstream(a), bucket)["cp/dst"]["ETag"] == quoted_md5(data)
+
+
+def test_conditional_writes_see_what_peers_hold(fleet: list[Any], bucket: str) -> None:
+    a, b, _ = fleet
+    with b.flush_paused():
+        b.client().put_object(Bucket=bucket, Key="cond/k", Body=b"from b")
+        with pytest.raises(ClientError) as exists:
+            a.client().put_object(Bucket=bucket, Key="cond/k", Body=b"x", IfNoneMatch="*")
+        assert error_code(exists.value) == "PreconditionFailed"
+        a.client().put_object(
+            Bucket=bucket, Key="cond/k", Body=b"from a", IfMatch=quoted_md5(b"from b")
+        )
+        # a's version is the newer one now, wherever it is read.
+        assert read_body(b.client().get_object(Bucket=bucket, Key="cond/k")) == b"from a"
+    a.drained(bucket=bucket)
+
+
+def test_marker_reaches_the_bucket_after_every_nodes_shards(fleet: list[Any], bucket: str) -> None:
+    a, b, c = fleet
+    upstream = fleet_upstream(a)
+    shards = {f"ckpt/7/shard_{n}": payload(70_000, f"s7{n}") for n in NAMES}
+    marker = "ckpt/7/.metadata"
+    with b.flush_paused():
+        for gw, (key, data) in zip(fleet, shards.items(), strict=True):
+            gw.client().put_object(Bucket=bucket, Key=key, Body=data)
+        a.client().put_object(Bucket=bucket, Key=marker, Body=b"meta")  # after the barrier
+        until(lambda: a.object_state(bucket, "ckpt/7/shard_a")["state"] == "durable")
+        until(lambda: c.object_state(bucket, "ckpt/7/shard_c")["state"] == "durable")
+        until(lambda: "not yet durable" in str(_marker_state(a, bucket, marker)[1]))
+        state, why = _marker_state(a, bucket, marker)
+        assert state == "held" and str(why).startswith("b: 1 objects"), why
+        drain = c.drain(bucket=bucket, prefix="ckpt/7/", wait=False)
+        assert drain["drained"] is False
+        by_node = {n["node"]: n for n in drain["nodes"]}
+        assert by_node["b"]["pending_objects"] == 1 and by_node["a"]["pending_objects"] == 1
+        assert marker not in upstream_objects(upstream, bucket)
+        fleet_status = a.admin_get("/admin/v1/fleet")
+        assert [h["key"] for h in fleet_status["held_markers"]] == [marker]
+    # From here on the bucket must never show the marker without all three shards.
+    deadline = time.monotonic() + 30
+    while True:
+        seen = upstream_objects(upstream, bucket, "ckpt/7/")
+        if marker in seen:
+            assert set(shards) <= set(seen), f"marker before its shards: {sorted(seen)}"
+            break
+        assert time.monotonic() < deadline, "the marker never reached the bucket"
+    assert c.drained(bucket=bucket, prefix="ckpt/7/")["drained"]
+    for key, data in shards.items():
+        assert upstream_objects(upstream, bucket)[key]["ETag"] == quoted_md5(data)
+
+
+def test_fleet_drain_waits_for_every_node(fleet: list[Any], bucket: str) -> None:
+    a, b, _ = fleet
+    with b.flush_paused():
+        b.client().put_object(Bucket=bucket, Key="w/k", Body=b"b's")
+        started = time.monotonic()
+        drain = a.drain(bucket=bucket, prefix="w/", timeout=1)
+        assert drain["drained"] is False and time.monotonic() - started >= 0.9
+        assert drain["pending_objects"] == 1 and drain["unanswered_nodes"] == []
+    assert a.drain(bucket=bucket, prefix="w/", timeout=30)["drained"] is True
+
+
+# -------------------------------------------------------------- a node lost, or gone for good
+
+
+@pytest.fixture
+def pair(moto_server: str, tmp_path: Any) -> Iterator[list[Any]]:
+    gateways = fleet_of(tmp_path, moto_server, ("a", "b"))
+    try:
+        for gw in gateways:
+            gw.start()
+        wait_joined(gateways, ("a", "b"))
+        yield gateways
+    finally:
+        for gw in gateways:
+            gw.stop()
+
+
+def test_a_node_that_is_down_holds_the_marker_until_an_operator_releases_it(
+    pair: list[Any], bucket: str
+) -> None:
+    a, b = pair
+    upstream = fleet_upstream(a)
+    b.pause_flush()
+    b.client().put_object(Bucket=bucket, Key="lost/shard_b", Body=b"only on b")
+    b.kill()
+    a.client().put_object(Bucket=bucket, Key="lost/.metadata", Body=b"meta")
+    until(lambda: "unreachable" in str(_marker_state(a, bucket, "lost/.metadata")[1]))
+    state, why = _marker_state(a, bucket, "lost/.metadata")
+    assert state == "held" and str(why).startswith("b: unreachable for"), why
+    # The list of peers changes (b dropped out of discovery): b is still waited on.
+    a.stop()
+    a.extra_args[a.extra_args.index("--peers") + 1] = f"127.0.0.1:{a.port}"  # itself alone
+    a.start()
+    assert member(a, "b") != {}  # remembered across the restart
+    until(lambda: "unreachable" in str(_marker_state(a, bucket, "lost/.metadata")[1]))
+    assert "lost/.metadata" not in upstream_objects(upstream, bucket)
+    # An operator decides: publish it anyway (logged).
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "gateway", "release", "--admin", a.admin),
+            *("--bucket", bucket, "--key", "lost/.metadata"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    until(lambda: "lost/.metadata" in upstream_objects(upstream, bucket))
+    assert "released by an operator" in a.logged("released by an operator")
+
+
+def test_a_node_back_with_an_empty_disk_keeps_the_marker_held(pair: list[Any], bucket: str) -> None:
+    a, b = pair
+    b.pause_flush()
+    b.client().put_object(Bucket=bucket, Key="wiped/shard_b", Body=b"only on b")
+    a.client().put_object(Bucket=bucket, Key="wiped/.metadata", Body=b"meta")
+    until(lambda: "b:" in str(_marker_state(a, bucket, "wiped/.metadata")[1]))
+    b.kill()
+    shutil.rmtree(b.data_dir)
+    b.start()  # empty: it answers "drained", but what it held is gone
+    until(lambda: "new data dir" in str(_marker_state(a, bucket, "wiped/.metadata")[1]))
+    assert "wiped/.metadata" not in upstream_objects(fleet_upstream(a), bucket)
+    assert a.object_state(bucket, "wiped/.metadata")["state"] == "pending"
+
+
+def _marker_state(gw: GatewayProcess, bucket: str, key: str) -> tuple[str | None, str | None]:
+    return held_by(gw.client().head_object(Bucket=bucket, Key=key))
+
+
+def test_checkpoints_answer_for_the_whole_fleet(fleet: list[Any], bucket: str) -> None:
+    a, b, c = fleet
+    with b.flush_paused():
+        a.client().put_object(Bucket=bucket, Key="run/5/shard_a", Body=b"a" * 1000)
+        b.client().put_object(Bucket=bucket, Key="run/5/shard_b", Body=b"b" * 2000)
+        a.client().put_object(Bucket=bucket, Key="run/5/.metadata", Body=b"meta")
+        until(lambda: a.object_state(bucket, "run/5/shard_a")["state"] == "durable")
+
+        def step() -> dict[str, Any]:
+            doc = c.admin_get(f"/admin/v1/checkpoints?bucket={bucket}&prefix=run/")
+            (checkpoint,) = doc["checkpoints"]
+            return dict(checkpoint)
+
+        held = until(lambda: (s := step())["state"] == "held" and s)
+        assert held["complete"] is True and held["durable"] is False
+        assert held["state_text"].startswith("held: waiting on b:"), held
+        # Asked on c, which holds nothing: a's marker and b's shard, summed.
+        assert held["unflushed_objects"] == 2 and held["unflushed_bytes"] == 2004
+        assert held["unanswered_nodes"] == []
+        waiting = subprocess.run(
+            [
+                *(sys.executable, "-m", "gateway", "checkpoints", "--admin", c.admin),
+                *("--bucket", bucket, "--prefix", "run/", "--wait", "--timeout", "1"),
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert waiting.returncode == 3, waiting.stdout + waiting.stderr
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "gateway", "checkpoints", "--admin", c.admin),
+            *("--bucket", bucket, "--prefix", "run/", "--wait", "--timeout", "60"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "durable in the bucket" in done.stdout
+
+
+def test_a_peer_dying_mid_read_cuts_the_body_never_completes_it_short(
+    pair: list[Any], bucket: str
+) -> None:
+    a, b = pair
+    data = payload(48 << 20, "big")
+    b.pause_flush()
+    b.client().put_object(Bucket=bucket, Key="big/obj", Body=data)
+    got = a.client().get_object(Bucket=bucket, Key="big/obj")
+    assert got["ContentLength"] == len(data)
+    assert got["ResponseMetadata"]["HTTPHeaders"]["x-gateway-node"] == "b"
+    body = got["Body"]
+    first = body.read(1 << 20)
+    assert first == data[: 1 << 20]
+    b.kill()
+    with pytest.raises(Exception) as cut:  # botocore: IncompleteRead / ResponseStreamingError
+        rest = body.read()
+        assert len(first) + len(rest) == len(data)  # only if the whole body had been buffered
+        raise AssertionError("the body was already complete when b died")
+    assert "AssertionError" not in type(cut.value).__name__, cut.value
+    # a keeps serving; b's data is not in the bucket, so a read now falls back to it: 404.
+    started = time.monotonic()
+    with pytest.raises(ClientError) as gone:
+        a.client().get_object(Bucket=bucket, Key="big/obj")
+    assert error_code(gone.value) == "NoSuchKey"
+    assert time.monotonic() - started < 5.0  # within the peer read deadline (2 s) and then some

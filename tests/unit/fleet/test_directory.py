@@ -1,0 +1,137 @@
+"""The directory's pure rules (directory.py): what a copy lists after reordered
+announcements, withdrawals and snapshots; what a grant carries; who must be told."""
+
+from __future__ import annotations
+
+import asyncio
+
+from virtual_time import LoopClock, run
+
+from gateway.clock import FakeClock
+from gateway.fleet.directory import (
+    TRUST_MARGIN_S,
+    WITHDRAW_AFTER_S,
+    LocalDirectory,
+    RemoteDirectory,
+    parent_dir,
+)
+from gateway.fleet.wire import DirChange, LeaseGrant, LeaseRequest, NodeInfo
+
+B = NodeInfo("b", "disk-b", 1.0)
+M = NodeInfo("m", "disk-m", 2.0)
+
+
+def change(
+    version: int, prefix: str, added: bool, inc: tuple[str, float] = B.incarnation
+) -> DirChange:
+    return DirChange("b", inc, "bkt", prefix, version, added)
+
+
+def test_parent_dir() -> None:
+    assert parent_dir("ckpt/1/shard") == "ckpt/1/"
+    assert parent_dir("top") == ""
+
+
+def test_an_announcement_is_never_hidden_by_an_older_withdrawal_or_snapshot() -> None:
+    copy = RemoteDirectory("b")
+    copy.apply_grant(LeaseGrant(B, 3.0, 2, (("bkt", "x/"),)), sent_s=0.0)
+    copy.apply_change(change(5, "ckpt/1/", True))  # announced at 5 ...
+    copy.apply_change(change(4, "ckpt/1/", False))  # ... an older withdrawal arrives late
+    assert copy.lists_key("bkt", "ckpt/1/a")
+    copy.apply_grant(LeaseGrant(B, 3.0, 3, ()), sent_s=1.0)  # a snapshot from before 5
+    assert copy.lists_key("bkt", "ckpt/1/a") and not copy.lists_key("bkt", "x/k")
+    copy.apply_change(change(6, "ckpt/1/", False))  # a newer withdrawal does remove it
+    assert not copy.lists_key("bkt", "ckpt/1/a")
+
+
+def test_a_copy_is_trusted_until_its_lease_ends_by_the_holders_clock() -> None:
+    copy = RemoteDirectory("b")
+    assert not copy.is_trusted(0.0)
+    copy.apply_grant(LeaseGrant(B, 3.0, 0, ()), sent_s=10.0)
+    assert copy.is_trusted(12.0) and not copy.is_trusted(13.0 - TRUST_MARGIN_S)
+    copy.apply_grant(LeaseGrant(B, 0.0, 0, None), sent_s=20.0)  # a refused lease
+    assert not copy.is_trusted(20.0)
+
+
+def test_a_new_incarnation_voids_the_copy() -> None:
+    copy = RemoteDirectory("b")
+    copy.apply_grant(LeaseGrant(B, 3.0, 1, (("bkt", "a/"),)), sent_s=0.0)
+    copy.apply_change(change(1, "b/", True, inc=("disk-b", 99.0)))  # b restarted
+    assert not copy.is_trusted(0.5) and not copy.lists_key("bkt", "a/k")
+    assert copy.lists_key("bkt", "b/k")
+
+
+def test_prefixes_match_directories_above_and_below() -> None:
+    copy = RemoteDirectory("b")
+    copy.apply_grant(LeaseGrant(B, 3.0, 1, (("bkt", "ckpt/7/"),)), sent_s=0.0)
+    assert copy.lists_prefix("bkt", "ckpt/")
+    assert copy.lists_prefix("bkt", "ckpt/7/__0")
+    assert not copy.lists_prefix("bkt", "data/")
+    assert not copy.lists_prefix("other", "ckpt/")
+
+
+async def test_a_grant_carries_the_whole_directory_only_to_a_stale_holder() -> None:
+    clock = FakeClock()
+    sent: list[tuple[str, DirChange]] = []
+
+    async def send(address: str, change: DirChange, timeout_s: float) -> None:
+        sent.append((address, change))
+
+    local = LocalDirectory(B, clock, send, lease_s=3.0)
+    async with local.writing("bkt", "ckpt/1/a") as intent:
+        assert intent.is_ready()  # nobody holds a lease: nobody to tell
+    grant = local.grant(LeaseRequest(M, 9000, 0, None), "10.0.0.2:9000")
+    assert grant.snapshot == (("bkt", "ckpt/1/"),) and grant.version == 1
+    again = local.grant(LeaseRequest(M, 9000, grant.version, B.incarnation), "10.0.0.2:9000")
+    assert again.snapshot is None
+    async with local.writing("bkt", "ckpt/2/a") as intent:
+        assert not intent.is_ready()
+        await intent.ready()
+    assert sent == [("10.0.0.2:9000", DirChange("b", B.incarnation, "bkt", "ckpt/2/", 2, True))]
+    async with local.writing("bkt", "ckpt/2/b") as intent:
+        assert intent.is_ready()  # told once per directory
+
+
+def test_an_unreachable_holder_is_outwaited_once_then_refused_a_lease() -> None:
+    async def send(address: str, change: DirChange, timeout_s: float) -> None:
+        raise OSError("unreachable")
+
+    async def scenario() -> float:
+        local = LocalDirectory(B, LoopClock(), send, lease_s=3.0)
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(1.0)
+        local.grant(LeaseRequest(M, 9000, 0, None), "10.0.0.2:9000")  # until 4.0
+        async with local.writing("bkt", "d/k") as intent:
+            await intent.ready()  # the holder's lease is outwaited
+        waited = loop.time() - 1.0
+        assert local.holders() == []
+        assert local.grant(LeaseRequest(M, 9000, 0, None), "10.0.0.2:9000").lease_s == 0.0
+        async with local.writing("bkt", "e/k") as intent:
+            assert intent.is_ready()  # it holds no lease now: nobody to outwait
+        return waited
+
+    assert run(scenario()) == 3.0
+
+
+def test_a_directory_is_withdrawn_only_when_empty_unwritten_and_quiet() -> None:
+    clock = FakeClock()
+
+    async def send(address: str, change: DirChange, timeout_s: float) -> None:
+        return None
+
+    async def scenario() -> None:
+        local = LocalDirectory(B, clock, send, lease_s=3.0)
+        unflushed = {("bkt", "d/"): True}
+        async with local.writing("bkt", "d/k"):
+            unflushed[("bkt", "d/")] = False
+            local.tick(lambda b, p: unflushed.get((b, p), False))
+            clock.advance(WITHDRAW_AFTER_S + 1)
+            local.tick(lambda b, p: unflushed.get((b, p), False))
+            assert local.announced() == [("bkt", "d/")]  # a write is between ack and commit
+        local.tick(lambda b, p: False)
+        clock.advance(WITHDRAW_AFTER_S)
+        local.tick(lambda b, p: False)
+        assert local.announced() == []
+        assert local.version == 2  # announced at 1, withdrawn at 2
+
+    asyncio.run(scenario())
