@@ -148,13 +148,13 @@ def state_of(
     failures = _failures_text(figures)
     if not is_complete:
         return CheckpointState(WRITING, "writing", failures)
+    if fleet is not None and fleet.held_by is not None and failures is None:
+        return CheckpointState(HELD, f"held: waiting on {fleet.held_by}", fleet.held_by)
     if fleet is not None and fleet.unanswered:
         who = ", ".join(fleet.unanswered)
         return CheckpointState(COMPLETE, f"complete; not known to be durable: {who} did not answer")
     if figures.unflushed_objects == 0:
         return CheckpointState(DURABLE, "durable in the bucket")
-    if fleet is not None and fleet.held_by is not None and failures is None:
-        return CheckpointState(HELD, f"held: waiting on {fleet.held_by}", fleet.held_by)
     if failures is None:
         where = "on this node" if fleet is None else "in the fleet"
         return CheckpointState(COMPLETE, f"complete {where}")

@@ -208,7 +208,7 @@ class CheckpointService:
             figures, unanswered = checkpoint.figures, []
             held_by = None
             if checkpoint.marker is not None:
-                held_by = self._fleet.held_by(bucket, checkpoint.prefix + checkpoint.marker)
+                held_by = self._fleet.stuck_reason(bucket, checkpoint.prefix + checkpoint.marker)
             for node, by_path, _error in answers:
                 doc = by_path.get(checkpoint.prefix) if by_path is not None else None
                 if by_path is None:
@@ -234,7 +234,9 @@ class CheckpointService:
             doc: dict[str, Any] = {**figures.as_dict(), "held_by": None}
             if self._fleet is not None:
                 for pattern in self._markers:
-                    doc["held_by"] = doc["held_by"] or self._fleet.held_by(bucket, path + pattern)
+                    doc["held_by"] = doc["held_by"] or self._fleet.stuck_reason(
+                        bucket, path + pattern
+                    )
             out[path] = doc
         return out
 

@@ -165,6 +165,14 @@ class FleetFence:
             return None
         return hold.reason(self._clock.monotonic()) or "asking the fleet"
 
+    def stuck_reason(self, bucket: str, key: str) -> str | None:
+        """Why ``key`` is held, only when it waits on nothing but nodes that cannot answer
+        (time alone will not release it: an operator's decision or the node's return)."""
+        hold = self._holds.get((bucket, key))
+        if hold is None or hold.is_released or not hold.is_stuck:
+            return None
+        return hold.reason(self._clock.monotonic())
+
     def _joined(self, member: Member) -> None:
         for hold in self.holds():
             if member.node_id not in hold.waiting:

@@ -236,6 +236,9 @@ class Fleet:
     def held_by(self, bucket: str, key: str) -> str | None:
         return self.fence.held_by(bucket, key)
 
+    def stuck_reason(self, bucket: str, key: str) -> str | None:
+        return self.fence.stuck_reason(bucket, key)
+
     async def figures(
         self, bucket: str, paths: Sequence[str]
     ) -> list[tuple[str, dict[str, dict[str, Any]] | None, str | None]]:

@@ -74,6 +74,12 @@ class FleetView(Protocol):
         """Why the commit marker ``key`` is held by the fleet, if it is."""
         ...
 
+    def stuck_reason(self, bucket: str, key: str) -> str | None:
+        """``held_by`` only when the marker waits on nothing but nodes that cannot answer
+        (unreachable, or back with an empty disk): then only an operator or the node's
+        return releases it."""
+        ...
+
     async def figures(
         self, bucket: str, paths: Sequence[str]
     ) -> list[tuple[str, dict[str, dict[str, Any]] | None, str | None]]:
