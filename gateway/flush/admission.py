@@ -32,7 +32,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.flush.control import AdaptiveRate, RateConfig
 from gateway.flush.ratelimit import Pacer
@@ -41,6 +41,19 @@ if TYPE_CHECKING:
     from gateway.flush.lanes import Lane, Ticket
 
 _ISOLATE_AFTER = 3  # consecutive throttles of one lane (over 2+ events) that isolate it
+
+
+class Caps(Protocol):
+    """Limits above every bucket (``--flush-rate``, ``--flush-bandwidth``): asked before a
+    request is admitted, charged when it is."""
+
+    def wait_s(self, ticket: Ticket, now_s: float) -> float:
+        """Seconds before ``ticket`` may go (0: now)."""
+        ...
+
+    def take(self, ticket: Ticket, now_s: float) -> None:
+        """``ticket`` was admitted: charge it."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +130,13 @@ class BucketBudget:
 
     # -- admission ---------------------------------------------------------------------
 
-    def grant(self, now_s: float, room: int) -> tuple[list[Ticket], float]:
+    def grant(
+        self, now_s: float, room: int, caps: Caps | None = None
+    ) -> tuple[list[Ticket], float]:
         """Admit what may go now, at most ``room`` requests (the free global slots), in
         fair rounds over the lanes, oldest work first within a round (see the module
-        docstring). Returns the tickets admitted and when to call again (inf: only when
-        something changes: a new request, an answer, a slot freed)."""
+        docstring), within ``caps``. Returns the tickets admitted and when to call again
+        (inf: only when something changes: a new request, an answer, a slot freed)."""
         self._repace(now_s)
         granted: list[Ticket] = []
         held: list[Lane] = []
@@ -147,6 +162,13 @@ class BucketBudget:
                 binding = True
                 next_s = min(next_s, now_s + wait_s)
                 break
+            wait_s = caps.wait_s(ticket, now_s) if caps is not None else 0.0
+            if wait_s > 0:  # held above the bucket: the budget is not what holds it
+                held.append(lane)
+                next_s = min(next_s, now_s + wait_s)
+                break
+            if caps is not None:
+                caps.take(ticket, now_s)
             self._pacer.take(ticket.requests, now_s)
             lane.grant(ticket, now_s)
             # Start-time fair queueing: the round of this request becomes the bucket's
