@@ -9,12 +9,18 @@ and CUBIC (RFC 8312):
 - **Slow start.** A fresh budget starts at ``initial_per_s``; while it holds work back each
   success adds 1 request/s (TCP's +1 segment per ACK): the rate doubles per second at most.
   It ends at the first throttle.
-- **One cut per congestion event.** A throttle of a request sent after the last cut is a
-  new event; one sent before belongs to the same event and changes nothing (a burst of
-  503s answers a burst of requests: one signal, as a window's losses are in TCP). The rate
-  drops to ``beta`` times ``w_max``, the rate the upstream was accepting (acceptances per
-  second lately, never more than the rate allowed): slow start overshoots before the first
-  503 comes back, and what got through is the figure of the limit, not what was sent.
+- **One cut per congestion event.** A throttle of a request sent more than a round trip
+  after the last cut is a new event; one sent before belongs to the same event and
+  changes nothing (a burst of 503s answers a burst of requests: one signal, as a window's
+  losses are in TCP; and requests sent within a round trip of the cut still meet the
+  overload of those sent before it, as TCP's NewReno waits for the data outstanding at
+  its cut). The rate drops to ``beta`` times ``w_max``, the rate the upstream was
+  accepting (acceptances per second lately, never more than the rate allowed): slow start
+  overshoots before the first 503 comes back, and what got through is the figure of the
+  limit, not what was sent. When those seconds hold a slow start's ramp they measure it
+  low; so once the requests sent while S3 refused (from the refused one to the cut) are
+  answered, what they got through (the partition's bucket is empty then: its rate) raises
+  ``w_max`` if it is higher.
 - **Recovery and probing (CUBIC).** After a cut the rate climbs back to ``w_max`` along a
   cubic: quickly while far below it, flat near it, reaching it ``recovery_s`` after a
   ``beta`` cut at any scale. Past ``w_max`` it grows faster and faster: the periodic gentle
@@ -123,9 +129,6 @@ class RateConfig:
     ceiling_per_s: float = math.inf
     beta: float = 0.8
     recovery_s: float = 10.0
-    slow_start_s: float = 1.0  # slow start doubles the rate at most once per this
-    recovery_requests: float = 0.0  # recovery takes at least these requests (0: off)
-    accelerate_per_s: float = 1.0  # growth of a slow start found by a probe: x(1+this)/s
     probe_c: float = 0.02
     outage_per_s: float = 1.0
 
@@ -151,7 +154,6 @@ class AdaptiveRate:
         self._binding = False
         self._last_cut_s = -math.inf
         self._recovered_s = -math.inf  # send time of the first acceptance since the last cut
-        self._growth = 1.0  # of a slow start: +rate x this per slow_start_s at most
         self._through: _Through | None = None
         self._answers = Answers()
 
@@ -173,7 +175,6 @@ class AdaptiveRate:
             self._rate = self._clamp(self._cubic(self._grown_s))
             if self.w_max_per_s and self._rate >= _ACCELERATE * self.w_max_per_s:
                 self._ssthresh = math.inf  # the limit has risen: find it as at the start
-                self._growth = self.config.accelerate_per_s
         self._tick_s = max(self._tick_s, now_s)
         self._binding = binding
         return self._rate
@@ -185,9 +186,8 @@ class AdaptiveRate:
         if self._last_cut_s < sent_s < self._recovered_s:
             self._recovered_s = sent_s
         if self.is_slow_start and self._binding and sent_s > self._last_cut_s:
-            round_trip_s = max(now_s - sent_s, self.config.slow_start_s)
-            step = self._growth / round_trip_s
-            self._rate = self._clamp(self._rate + min(self._rate, step))
+            round_trip_s = max(now_s - sent_s, 1.0)
+            self._rate = self._clamp(self._rate + min(self._rate, 1.0 / round_trip_s))
             if self._rate >= self._ssthresh:  # back at the rate known to work: its plateau
                 self._start_epoch(now_s, self._rate, self._rate)
 
@@ -250,10 +250,7 @@ class AdaptiveRate:
 
     def _relative_c(self) -> float:
         """CUBIC's constant relative to w_max: a ``beta`` cut recovers in ``recovery_s``."""
-        recovery_s = self.config.recovery_s
-        if self.config.recovery_requests and self.w_max_per_s:
-            recovery_s = min(recovery_s, max(2.0, self.config.recovery_requests / self.w_max_per_s))
-        return (1 - self.config.beta) / recovery_s**3
+        return (1 - self.config.beta) / self.config.recovery_s**3
 
     def _start_epoch(
         self, now_s: float, w_max: float, rate: float, cut_until_s: float | None = None
@@ -269,7 +266,6 @@ class AdaptiveRate:
         if cut_until_s is not None:
             self._last_cut_s = cut_until_s
             self._recovered_s = math.inf
-            self._growth = 1.0
 
     def _cubic(self, t_s: float) -> float:
         assert self.w_max_per_s is not None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from s3sim import Net, Result, S3Model, run  # noqa: E402
+from s3sim import Net, Result, S3Model, run
 
 RANKS = 8  # per gateway: one 8-GPU node each
 

@@ -200,32 +200,3 @@ def test_isolation_ends_once_the_lane_may_send_what_the_whole_budget_allows() ->
     _submit(lanes, "hot/x", 1, 1.0)
     assert _granted(lanes, 1.0) == [("hot/", 1)]
     assert hot.isolation is None
-
-
-def _answered(lanes: Lanes, key: str, order: int, t: float, *, refused: bool) -> None:
-    """A request of ``key`` admitted and sent at ``t``, answered 10 ms later."""
-    ticket = _submit(lanes, key, order, t)
-    while not ticket.is_granted:
-        lanes.pump(t, 1)  # (the others' waiting requests go in their turn: never answered)
-    lanes.on_sent(ticket, t)
-    lanes.on_answer(ticket, t + 0.01, throttled=refused)
-
-
-def test_three_throttles_in_a_row_from_one_lane_of_a_shared_limit_isolate_nobody() -> None:
-    """At S3's rates hundreds of 503s a second land on every lane of a shared limit, and
-    three in a row from one lane over two events, while the others wait, are common. The
-    lane is isolated only if S3 refuses it far more than the others: here every lane is
-    refused half the time."""
-    lanes = _lanes(rate=1e6)
-    for order in range(600):  # a backlog in the other lanes: they are busy
-        _submit(lanes, f"w{1 + order % 3}/q{order}", 10_000 + order)
-    t = 0.0
-    for i in range(40):
-        _answered(lanes, f"w{i % 4}/r{i}", i, t, refused=i % 8 < 4)
-        t += 0.005
-    for i in range(3):  # then three in a row from w0, events apart
-        _answered(lanes, f"w0/x{i}", 100 + i, t, refused=True)
-        t += 0.1
-    [budget] = lanes.budgets()
-    assert budget.isolated_lanes == 0
-    assert budget.events >= 2
