@@ -201,13 +201,20 @@ class BucketBudget:
 
     # -- outcomes ----------------------------------------------------------------------
 
-    def on_success(self, lane: Lane, sent_s: float, now_s: float) -> None:
+    def on_success(self, lane: Lane, sent_s: float, now_s: float, *, grown: bool = False) -> None:
         lane.answers.add(now_s, True)
         self.answers.add(now_s, True)
         if lane.isolation is not None:
-            lane.isolation.on_success(sent_s, now_s)
+            lane.isolation.on_success(sent_s, now_s, grown=grown)
             lane.repace(now_s)
-        self.rate.on_success(sent_s, now_s)
+        self.rate.on_success(sent_s, now_s, grown=grown)
+
+    def on_progress(self, lane: Lane, sent_s: float, now_s: float) -> None:
+        """A request of ``lane`` is on its way, not refused (``AdaptiveRate.on_progress``)."""
+        if lane.isolation is not None:
+            lane.isolation.on_progress(sent_s, now_s)
+            lane.repace(now_s)
+        self.rate.on_progress(sent_s, now_s)
 
     def on_throttle(self, lane: Lane, sent_s: float, now_s: float) -> None:
         """A request of ``lane`` sent at ``sent_s`` was throttled: cut the lane's own rate

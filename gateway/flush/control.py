@@ -179,12 +179,20 @@ class AdaptiveRate:
         self._binding = binding
         return self._rate
 
-    def on_success(self, sent_s: float, now_s: float) -> None:
-        """A request sent at ``sent_s`` was accepted."""
+    def on_success(self, sent_s: float, now_s: float, *, grown: bool = False) -> None:
+        """A request sent at ``sent_s`` was accepted (``grown``: its ``on_progress`` grew
+        a slow start already)."""
         self._answers.add(now_s, True)
         self._note_through(sent_s, now_s, accepted=True)
         if self._last_cut_s < sent_s < self._recovered_s:
             self._recovered_s = sent_s
+        if not grown:
+            self.on_progress(sent_s, now_s)
+
+    def on_progress(self, sent_s: float, now_s: float) -> None:
+        """A request sent at ``sent_s`` is on its way, not refused after longer than a
+        refusal takes (a large body, still being sent): as good as an acceptance for a
+        slow start, which would otherwise wait a whole body's time for each step."""
         if self.is_slow_start and self._binding and sent_s > self._last_cut_s:
             round_trip_s = max(now_s - sent_s, 1.0)
             self._rate = self._clamp(self._rate + min(self._rate, 1.0 / round_trip_s))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -42,6 +43,12 @@ from gateway.upstream.classify import Retryable, Throttled
 
 T = TypeVar("T")
 _TASKS_PER_SLOT = 4  # claimed uploads per slot at most (waiting ones hold an open body)
+# A request not refused after this long is on its way: S3 answers 503 before the body (or
+# at once), so a request still out is a large body being sent (``Lanes.on_progress``).
+# Only bodies of ``_PROGRESS_BYTES`` or more: a smaller one's answer is a round trip away
+# anyway, and counting it early only makes a slow start on a shared link overshoot.
+_PROGRESS_AFTER_S = 0.5
+_PROGRESS_BYTES = 1 << 20
 _TIMER_MIN_S = 0.001  # shortest sleep of the admission timer
 
 
@@ -103,6 +110,7 @@ class Gate:
             now_s,
         )
         self.in_flight = 0  # admitted and not answered
+        self._sent: deque[Ticket] = deque()  # sent and not answered, oldest first
         self.waiting_claimed = 0  # claimed rows' requests waiting for admission
         self.accepted = self.throttled = self.failed = 0
         self._follow_window()
@@ -123,8 +131,10 @@ class Gate:
     def pump(self, now_s: float) -> tuple[list[Ticket], float]:
         """Admit what may go now; the admitted tickets and when to pump again at the latest
         (inf: only when something changes)."""
+        progress_s = self._progress(now_s)
         room = self.window.size - self.in_flight
         granted, next_s = self.lanes.pump(now_s, room, self) if room > 0 else ([], math.inf)
+        next_s = min(next_s, progress_s)
         self.in_flight += len(granted)
         bound = self.is_window_bound
         for ticket in granted:
@@ -140,6 +150,25 @@ class Gate:
     def sent(self, ticket: Ticket, now_s: float) -> None:
         """The admitted request left now: its answer is judged by when it left."""
         self.lanes.on_sent(ticket, now_s)
+        if ticket.size_bytes >= _PROGRESS_BYTES:
+            self._sent.append(ticket)
+
+    def _progress(self, now_s: float) -> float:
+        """Report the requests out for ``_PROGRESS_AFTER_S`` unanswered as on their way
+        (each once); when to look again (inf: none is out)."""
+        sent = self._sent
+        while sent:
+            ticket = sent[0]
+            if ticket.is_done:
+                sent.popleft()
+                continue
+            sent_s = ticket.sent_s if ticket.sent_s is not None else now_s
+            if sent_s + _PROGRESS_AFTER_S > now_s:
+                return sent_s + _PROGRESS_AFTER_S
+            self.lanes.on_progress(ticket, now_s)
+            self.window.on_progress(bound=ticket.is_bound or self.is_window_bound)
+            sent.popleft()
+        return math.inf
 
     def answer(
         self,
@@ -178,9 +207,13 @@ class Gate:
 
     def claim_room(self, tasks: int) -> int:
         """How many more rows to claim, with ``tasks`` uploads running: free slots, where a
-        task waiting for admission holds none, within a bound on the tasks."""
+        task waiting for admission holds none, plus a quarter of the window for uploads
+        preparing their request (opening, checking a body) or recording its answer (so
+        that the window itself can be full, and be seen to be the limit), within a bound
+        on the tasks."""
         size = self.window.size
-        return min(size - (tasks - self.waiting_claimed), _TASKS_PER_SLOT * size - tasks)
+        active = tasks - self.waiting_claimed
+        return min(size + max(2, size // 4) - active, _TASKS_PER_SLOT * size - tasks)
 
     def _follow_window(self) -> None:
         self.lanes.lane_concurrency = self.lanes.config.concurrency or self.window.size

@@ -73,6 +73,7 @@ class Ticket:
     granted_s: float | None = None
     sent_s: float | None = None
     is_bound: bool = False  # admitted while the window of requests in flight was the limit
+    is_progressed: bool = False  # reported on its way (a slow body) before its answer
     is_cancelled: bool = False
     is_done: bool = False  # answered (or given up after admission): reported once
     waker: object = field(default=None, repr=False)  # the async shell's handle
@@ -304,6 +305,13 @@ class Lanes:
         (a throttle of a request sent before the last cut is part of that event)."""
         ticket.sent_s = sent_s
 
+    def on_progress(self, ticket: Ticket, now_s: float) -> None:
+        """The request is on its way and was not refused when a refusal would have come
+        back (``Gate``): a slow start may count it as accepted."""
+        if ticket.sent_s is not None and not ticket.is_progressed:
+            ticket.is_progressed = True
+            self.budget(ticket.lane.bucket, now_s).on_progress(ticket.lane, ticket.sent_s, now_s)
+
     def on_answer(
         self, ticket: Ticket, now_s: float, *, throttled: bool, retry_after_s: float | None = None
     ) -> bool:
@@ -312,7 +320,7 @@ class Lanes:
         lane, sent_s = ticket.lane, ticket.sent_s if ticket.sent_s is not None else now_s
         budget = self.budget(lane.bucket, now_s)
         if not throttled:
-            budget.on_success(lane, sent_s, now_s)
+            budget.on_success(lane, sent_s, now_s, grown=ticket.is_progressed)
             return False
         lane.throttles += 1
         lane.last_throttle_s = now_s

@@ -10,6 +10,12 @@ window finds it, as TCP's congestion window does, by what more in flight bring:
 - **It grows only while it is the limit**: a request that left while the window was full
   and work was waiting (``bound``) is the evidence it may be too small. In slow start each
   such request that comes back accepted adds one: the window doubles per round.
+- **A request on its way counts ahead of its answer**: a large body takes seconds on its
+  connection, and a slow start that waited for answers would step once per body's time.
+  A request that left while the window was the limit and has not been refused when a
+  refusal would have come back (``on_progress``) adds one too, but the window grows so
+  no further than ``_AHEAD`` times the largest window answers have confirmed: whether
+  the link had room for them is only known from their answers.
 - **It stops when more in flight no longer add throughput.** Answers are counted in
   rounds (a window's worth of them, at least ``_MIN_ROUND``). A round in which the window
   was the limit is compared with the last such round at a window at least ``_STEP``
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 _MIN_ROUND = 8  # answers in a round at least (a smaller one measures noise)
 _STEP = 1.25  # windows compared differ by this factor at least (smaller: noise)
 _HOLD_ROUNDS = 4  # rounds as the limit before a probe upwards
+_AHEAD = 4  # requests on their way grow the window to this times what answers confirmed
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +73,18 @@ class Window:
         self._base: _Round | None = None  # the round the next one is compared with
         self._held = 0  # rounds as the limit since the window last changed (holding)
         self._probing = False
+        self._confirmed = self._size  # the largest window answers confirmed so far
         self._begin(now_s)
 
     @property
     def size(self) -> int:
         return int(self._size)
+
+    def on_progress(self, *, bound: bool) -> None:
+        """A request sent while the window was the limit (``bound``) was not refused when
+        a refusal would have come back: it is on its way (module docstring)."""
+        if bound and self.is_slow_start:
+            self._set(min(self._size + 1, _AHEAD * self._confirmed))
 
     def on_answer(self, now_s: float, size_bytes: int, *, accepted: bool, bound: bool) -> None:
         """A request of ``size_bytes`` was answered: ``accepted``, or refused or failed."""
@@ -80,6 +94,7 @@ class Window:
             self._accepted += 1
             self._bytes += size_bytes
             if bound and self.is_slow_start:
+                self._confirmed = max(self._confirmed, self._size)
                 self._set(self._size + 1)
         if self._answers >= max(_MIN_ROUND, self._round_size):
             self._end_round(now_s)

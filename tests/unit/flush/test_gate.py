@@ -86,16 +86,17 @@ def test_a_cancelled_request_is_never_admitted_or_frees_its_slot() -> None:
 
 def test_claimed_requests_waiting_for_admission_hold_no_slot() -> None:
     """Claimed uploads whose lane holds them back (its own cap: one a second) leave room to
-    claim others; the tasks stay bounded (four per slot)."""
-    gate = _gate(window=2, lanes=LaneConfig(depth=1, rate_per_s=1.0))
-    assert gate.claim_room(0) == 2
-    tickets = [_submit(gate, "slow/x", i, claimed=True) for i in range(4)]
+    claim others; a quarter of the window more (at least 2) may be preparing or recording
+    (so that the window itself fills); the tasks stay bounded (four per slot)."""
+    gate = _gate(window=4, lanes=LaneConfig(depth=1, rate_per_s=1.0))
+    assert gate.claim_room(0) == 4 + 2
+    tickets = [_submit(gate, "slow/x", i, claimed=True) for i in range(6)]
     assert len(_admit(gate, 0.0)) == 1  # the lane's burst: one
-    assert gate.claim_room(4) == 1  # one slot taken by the admitted one, three wait
+    assert gate.claim_room(6) == 6 - 1  # one slot taken by the admitted one, five wait
     assert not any(t.is_granted for t in tickets[1:])
-    for i in range(4):
+    for i in range(10):
         _submit(gate, "slow/y", 10 + i, claimed=True)
-    assert gate.claim_room(8) == 0  # four tasks per slot at most
+    assert gate.claim_room(16) == 0  # four tasks per slot at most
 
 
 def test_caps_are_charged_only_when_a_request_is_admitted() -> None:
@@ -134,3 +135,25 @@ def test_lanes_may_claim_as_many_uploads_as_the_window_unless_configured() -> No
     assert sum(t.is_granted for t in tickets) > 4
     fixed = _gate(window=4, lanes=LaneConfig(depth=1, concurrency=3))
     assert fixed.lanes.lane_concurrency == 3
+
+
+def test_a_large_body_on_its_way_counts_for_a_slow_start_once() -> None:
+    """A 16 MiB request not refused half a second after it left is on its way (S3 refuses
+    before the body): a slow start counts it then, not a whole body's time later, and not
+    again at its answer. A small request counts only at its answer."""
+    gate = _gate(window=8, rate=10.0)
+    big = _submit(gate, "a/big", 1, 16 << 20)
+    small = _submit(gate, "a/small", 2, 1 << 10)
+    for i in range(10):  # work held back: the budget is the limit
+        _submit(gate, f"a/w{i}", 10 + i, 1 << 10)
+    assert _admit(gate, 0.0) == [big, small]
+    [budget] = gate.lanes.budgets()
+    _, next_s = gate.pump(0.1)
+    assert next_s <= 0.5
+    gate.pump(0.5)
+    [grown] = gate.lanes.budgets()
+    assert grown.rate_per_s == pytest.approx(budget.rate_per_s + 1)
+    gate.answer(small, 0.6, Outcome.ACCEPTED)  # a small one counts at its answer
+    gate.answer(big, 4.0, Outcome.ACCEPTED)  # the big one's answer: not counted again
+    [after] = gate.lanes.budgets()
+    assert after.rate_per_s == pytest.approx(grown.rate_per_s + 1)

@@ -127,3 +127,18 @@ def test_it_stays_within_its_bounds(cuts: int, expected: int) -> None:
     for _ in range(cuts):
         window.on_congestion(1.0, bound=True)
     assert window.size == expected
+
+
+def test_requests_on_their_way_grow_it_ahead_of_answers_within_bounds() -> None:
+    """Large bodies take seconds: those sent while the window was the limit and not
+    refused grow it before their answers, up to four times what answers confirmed."""
+    window = _window(8)
+    for _ in range(100):
+        window.on_progress(bound=True)
+    assert window.size == 32
+    window.on_progress(bound=False)
+    assert window.size == 32
+    _round(window, 0.0, 5.0, 16 * MB)  # answers confirm 32 and more
+    for _ in range(200):
+        window.on_progress(bound=True)
+    assert window.size >= 128
