@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import resource
@@ -175,7 +176,11 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> _Runni
         clock=clock,
         capacity_bytes=capacity,
         token=admin_token,
-        status_extras={"prefetch": prefetcher.status},
+        status_extras={
+            "prefetch": prefetcher.status,
+            # The request gate: its window of requests in flight and the answers so far.
+            "flush_gate": lambda: dataclasses.asdict(flusher.gate_status()),
+        },
     )
     limits = HttpLimits(
         max_line_bytes=settings.max_line_size_bytes,

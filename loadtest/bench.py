@@ -477,6 +477,15 @@ def report(res: dict[str, Any]) -> None:
             row("back at 90% after storm (s)", None, f["storm_recovery_s"])
         if g.get("splits"):
             row("partition splits", None, json.dumps(g["splits"]))
+        sim = res.get("simulator")
+        if sim and "ratio" in sim:
+            bench = g["drain_from_start_s"] / m["seconds"]
+            row(
+                "simulator drain / min",
+                None,
+                " ".join(f"{r:.2f}x" for r in sim["ratios"]),
+                f"bench/sim {bench / sim['ratio']:.2f}",
+            )
     width = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print(
@@ -583,6 +592,11 @@ def _arguments() -> argparse.ArgumentParser:
         action="store_true",
         help="flush only once the whole burst is acknowledged; drain counted from then",
     )
+    p.add_argument(
+        "--sim",
+        default="",
+        help="SEEDS: also run the case in the simulator (tests/sim), e.g. 1,2,3",
+    )
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--keep", action="store_true", help="keep the work dir")
     return p
@@ -648,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
                 limit_per_s=limit,
                 paused_ingest=args.paused_ingest,
             )
+        if args.sim and res.get("gateway"):
+            res["simulator"] = _simulated(args, profile, throttles, res["gateway"])
         report(res)
         gw = res.get("gateway")
         ok = gw is None or (
@@ -669,6 +685,33 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     return 0 if ok else 1
+
+
+def _simulated(
+    args: argparse.Namespace, profile: Profile, throttles: dict[str, Any], gateway: dict[str, Any]
+) -> dict[str, Any]:
+    """The simulator's figures for this case (``simcase.py``): its drain / minimum per
+    seed, against the bench's."""
+    import simcase  # the sibling module (loadtest/ is on sys.path); it loads tests/sim
+
+    if profile.multipart:
+        return {"error": "multipart profiles are not simulated"}
+    figures = simcase.simulate(
+        throttles,
+        gateways=args.gateways,
+        ranks=profile.ranks,
+        shards=profile.shards,
+        size_bytes=profile.shard_size,
+        ingest_s=float(gateway["burst"]["stall_s"]),
+        paused_ingest=args.paused_ingest,
+        seeds=[int(s) for s in args.sim.split(",")],
+    )
+    return {
+        "ratios": figures.ratios,
+        "ratio": figures.ratio,
+        "share_503_max": round(figures.share_503, 4),
+        "finish_spread_max": round(figures.finish_spread, 3),
+    }
 
 
 def _minimum(
