@@ -21,6 +21,14 @@ and CUBIC (RFC 8312):
   low; so once the requests sent while S3 refused (from the refused one to the cut) are
   answered, what they got through (the partition's bucket is empty then: its rate) raises
   ``w_max`` if it is higher.
+- **A cut as deep as the overload** (after DCTCP, RFC 8257, which cuts by the share of
+  marked packets): once out of slow start, the cut is the share of the last second's
+  answers that were refused, and ``beta`` at most (and ``beta`` when a second holds too
+  few answers to measure a share: under 20 requests a second the cut is as before).
+  Every sender of a shared partition sees about the same share, so each gives up the
+  same fraction and the probing that follows (equal for all) evens their shares out; a
+  cut of ``beta`` for whoever drew a 503 and none for the rest left a few gateways far
+  behind the others, and slow at the end.
 - **Recovery and probing (CUBIC).** After a cut the rate climbs back to ``w_max`` along a
   cubic: quickly while far below it, flat near it, reaching it ``recovery_s`` after a
   ``beta`` cut at any scale. Past ``w_max`` it grows faster and faster: the periodic gentle
@@ -56,6 +64,7 @@ _MIN_ANSWERS = 8
 _MAX_ANSWERS = 1 << 16  # 3 s of 20,000 answers/s
 _ACCELERATE = 1.2  # a probe this far over w_max without a throttle: slow start again
 _MIN_THROUGH = 16  # acceptances that measure a limit (fewer: noise)
+_MIN_SHARE_ANSWERS = 20  # answers in a second that measure a refused share
 
 
 @dataclass(slots=True)
@@ -81,9 +90,10 @@ class Answers:
     over the last few answers when they are further apart. Its memory is what came in
     that time (trimmed as answers come), at most ``_MAX_ANSWERS``."""
 
-    def __init__(self) -> None:
+    def __init__(self, window_s: float = _ANSWER_WINDOW_S) -> None:
         self._answers: deque[tuple[float, bool]] = deque(maxlen=_MAX_ANSWERS)
         self._accepted = 0
+        self._window_s = window_s
 
     def add(self, now_s: float, accepted: bool) -> None:
         if len(self._answers) == self._answers.maxlen:
@@ -101,7 +111,7 @@ class Answers:
         span_s = now_s - answers[0][0]
         if len(answers) == answers.maxlen:  # a full memory is a shorter time: exact
             return self._accepted / max(span_s, 1e-3)
-        return self._accepted / max(span_s, _ANSWER_WINDOW_S / 4)
+        return self._accepted / max(span_s, self._window_s / 4)
 
     def counts(self, now_s: float) -> tuple[int, int]:
         """The recent answers: (accepted, refused)."""
@@ -110,7 +120,7 @@ class Answers:
 
     def _trim(self, now_s: float) -> None:
         answers = self._answers
-        while len(answers) > _MIN_ANSWERS and answers[0][0] < now_s - _ANSWER_WINDOW_S:
+        while len(answers) > _MIN_ANSWERS and answers[0][0] < now_s - self._window_s:
             self._accepted -= answers.popleft()[1]
 
 
@@ -156,6 +166,7 @@ class AdaptiveRate:
         self._recovered_s = -math.inf  # send time of the first acceptance since the last cut
         self._through: _Through | None = None
         self._answers = Answers()
+        self._last_second = Answers(1.0)
 
     @property
     def rate_per_s(self) -> float:
@@ -183,6 +194,7 @@ class AdaptiveRate:
         """A request sent at ``sent_s`` was accepted (``grown``: its ``on_progress`` grew
         a slow start already)."""
         self._answers.add(now_s, True)
+        self._last_second.add(now_s, True)
         self._note_through(sent_s, now_s, accepted=True)
         if self._last_cut_s < sent_s < self._recovered_s:
             self._recovered_s = sent_s
@@ -208,6 +220,7 @@ class AdaptiveRate:
         """A request sent at ``sent_s`` was throttled. True if this was a new congestion
         event and the rate was cut."""
         self._answers.add(now_s, False)
+        self._last_second.add(now_s, False)
         self._note_through(sent_s, now_s, accepted=False)
         if self.event_of(sent_s) == self.events:
             return False  # sent before the last cut: the same congestion event
@@ -219,6 +232,8 @@ class AdaptiveRate:
         until_s = now_s + (now_s - sent_s)
         if self._recovered_s < math.inf or self.w_max_per_s is None:
             w_max = max(min(self._rate, accepted) if accepted > 0 else self._rate, floor)
+            if self.w_max_per_s is not None:  # (a slow start's overshoot: the deepest cut)
+                beta = max(beta, 1 - self._refused_share(now_s))
             if self.w_max_per_s is not None and w_max < self.w_max_per_s:
                 w_max *= (1 + beta) / 2  # fast convergence: give way to the others
             self._ssthresh = 0.0
@@ -231,6 +246,14 @@ class AdaptiveRate:
         else:
             self._start_epoch(now_s, self.w_max_per_s, beta * self._rate, until_s)
         return True
+
+    def _refused_share(self, now_s: float) -> float:
+        """The share of the last second's answers that were refused (1.0 when they are too
+        few to tell a share: a budget of a few requests a second cuts by ``beta``)."""
+        ok, refused = self._last_second.counts(now_s)
+        if ok + refused < _MIN_SHARE_ANSWERS:
+            return 1.0
+        return refused / (ok + refused)
 
     def _note_through(self, sent_s: float, now_s: float, *, accepted: bool) -> None:
         """Count an answer of a request sent during the last congestion event; once the

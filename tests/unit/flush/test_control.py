@@ -106,13 +106,30 @@ def test_a_throttle_after_the_cut_before_anything_got_through_cuts_again() -> No
     assert budget.events == 2
 
 
-def test_a_throttle_after_recovery_is_a_new_event_with_fast_convergence() -> None:
+def test_a_throttle_after_recovery_is_a_new_event_cut_by_the_refused_share() -> None:
+    """One 503 among 80 answers a second: the overload is about 1 %, and so is the cut
+    (fast convergence gives way by half as much again)."""
     budget = _steady(100.0, at_s=10.0)
     _traffic(budget, 80.0, 10.0, 13.0)  # sent after the cut, accepted: recovered
     assert budget.on_throttle(13.0, 13.0)
-    # accepted 80/s < w_max 100: w_max = 80 * (1 + 0.8) / 2, gives way to other gateways
-    assert budget.w_max_per_s == pytest.approx(80.0 * 0.9, rel=0.05)
-    assert budget.rate_per_s == pytest.approx(0.8 * budget.w_max_per_s)
+    cut = 1 - 1 / 81
+    # accepted 80/s < w_max 100: w_max = 80 * (1 + cut) / 2, gives way to other gateways
+    assert budget.w_max_per_s == pytest.approx(80.0 * (1 + cut) / 2, rel=0.01)
+    assert budget.rate_per_s == pytest.approx(cut * budget.w_max_per_s, rel=0.01)
+
+
+def test_a_heavy_overload_is_cut_by_beta_at_most() -> None:
+    """Half the last second's answers refused: the cut is ``beta`` (0.8), not half."""
+    budget = _steady(100.0, at_s=10.0)
+    _traffic(budget, 80.0, 10.0, 12.5)
+    for i in range(40):  # the last half second: 80/s, every other one refused
+        t = 12.5 + i / 80
+        if i % 2:
+            budget.on_throttle(10.0, t)  # sent before the last cut: the same old event
+        else:
+            budget.on_success(t, t)
+    assert budget.on_throttle(13.0, 13.0)
+    assert budget.rate_per_s == pytest.approx(0.8 * budget.w_max_per_s, rel=0.01)
 
 
 # -- CUBIC recovery and probing ----------------------------------------------------------------
