@@ -354,16 +354,18 @@ def minimum_s(
     times = [*sorted(marks), math.inf]
     needed = max(0.0, len(keys) * requests_per_key - s3.burst * len(partitions))
     link = math.inf  # requests/s the link carries (their bodies in even shares)
+    bytes_s = 0.0  # a partition's burst sends requests at once, never their bytes
     if net.link_bytes_per_s and size_bytes:
         links = len(keys) // keys_per_link if net.link_per_gateway else 1
         link = links * net.link_bytes_per_s * requests_per_key / size_bytes
+        bytes_s = len(keys) * requests_per_key / link
     for start, end in itertools.pairwise(times):
         split = s3.split_after_s is not None and start >= s3.split_after_s
         storm = any(a <= start < b for a, b in s3.storms)
         capacity = 0.0 if storm else s3.rate_per_s * s3.factor(start)
         capacity = min(capacity * (children if split else len(partitions)), link)
         if capacity > 0 and capacity * (end - start) >= needed:
-            return start + needed / capacity
+            return max(start + needed / capacity, bytes_s)
         needed -= capacity * (end - start)
     raise AssertionError("unreachable: the last segment is infinite")
 
