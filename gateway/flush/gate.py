@@ -42,7 +42,9 @@ from gateway.flush.window import Window, WindowConfig
 from gateway.upstream.classify import Retryable, Throttled
 
 T = TypeVar("T")
-_TASKS_PER_SLOT = 4  # claimed uploads per slot at most (waiting ones hold an open body)
+# Claimed uploads waiting for their admission, beyond the window, at most this many times
+# the initial window: each holds its open body files (and a small body in memory).
+_WAITING_PER_INITIAL_SLOT = 3
 # A request not refused after this long is on its way: S3 answers 503 before the body (or
 # at once), so a request still out is a large body being sent (``Lanes.on_progress``).
 # Only bodies of ``_PROGRESS_BYTES`` or more: a smaller one's answer is a round trip away
@@ -210,10 +212,12 @@ class Gate:
         task waiting for admission holds none, plus a quarter of the window for uploads
         preparing their request (opening, checking a body) or recording its answer (so
         that the window itself can be full, and be seen to be the limit), within a bound
-        on the tasks."""
+        on the tasks: the window and a fixed number waiting (open files and small bodies
+        in memory stay bounded however large the window grows)."""
         size = self.window.size
         active = tasks - self.waiting_claimed
-        return min(size + max(2, size // 4) - active, _TASKS_PER_SLOT * size - tasks)
+        waiting = _WAITING_PER_INITIAL_SLOT * self.config.window.initial
+        return min(size + max(2, size // 4) - active, size + waiting - tasks)
 
     def _follow_window(self) -> None:
         self.lanes.lane_concurrency = self.lanes.config.concurrency or self.window.size

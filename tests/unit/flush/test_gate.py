@@ -87,7 +87,8 @@ def test_a_cancelled_request_is_never_admitted_or_frees_its_slot() -> None:
 def test_claimed_requests_waiting_for_admission_hold_no_slot() -> None:
     """Claimed uploads whose lane holds them back (its own cap: one a second) leave room to
     claim others; a quarter of the window more (at least 2) may be preparing or recording
-    (so that the window itself fills); the tasks stay bounded (four per slot)."""
+    (so that the window itself fills); the tasks stay bounded (the window and three times
+    the initial window waiting)."""
     gate = _gate(window=4, lanes=LaneConfig(depth=1, rate_per_s=1.0))
     assert gate.claim_room(0) == 4 + 2
     tickets = [_submit(gate, "slow/x", i, claimed=True) for i in range(6)]
@@ -96,7 +97,7 @@ def test_claimed_requests_waiting_for_admission_hold_no_slot() -> None:
     assert not any(t.is_granted for t in tickets[1:])
     for i in range(10):
         _submit(gate, "slow/y", 10 + i, claimed=True)
-    assert gate.claim_room(16) == 0  # four tasks per slot at most
+    assert gate.claim_room(16) == 0  # 4 + 3 x 4 tasks at most
 
 
 def test_caps_are_charged_only_when_a_request_is_admitted() -> None:
