@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fnmatch
 import functools
 import logging
@@ -60,8 +61,10 @@ from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
+from gateway.flush.gate import GateConfig, RequestGate, build_gate
 from gateway.flush.lanes import LaneConfig
 from gateway.flush.policy import PolicyConfig
+from gateway.flush.window import WindowConfig
 from gateway.s3.credentials import CredentialStore
 from gateway.s3.dispatch import S3Services
 from gateway.s3.server import HttpLimits, build_s3_runner
@@ -184,7 +187,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
         await _create_demo_buckets(upstream, settings.demo_bucket, found.buckets)
 
     fleet, peer_secret = await _fleet(settings, clock, journal, blobs, upstream, stack)
-    flusher = _flusher(settings, clock, journal, blobs, upstream, fleet)
+    flusher = _flusher(settings, clock, journal, blobs, upstream, _gate(settings, clock), fleet)
     if fleet is not None:
         _lost_writers(settings, journal, flusher, fleet)
     await flusher.attach()  # the pending rows, in memory, before any write can arrive
@@ -204,7 +207,11 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
         clock=clock,
         capacity_bytes=capacity,
         token=admin_token,
-        status_extras={"prefetch": prefetcher.status},
+        status_extras={
+            "prefetch": prefetcher.status,
+            # The request gate: its window of requests in flight and the answers so far.
+            "flush_gate": lambda: dataclasses.asdict(flusher.gate_status()),
+        },
     )
     limits = HttpLimits(
         max_line_bytes=settings.max_line_size_bytes,
@@ -313,7 +320,8 @@ async def _start_upstream(
         endpoint_url=endpoint,
         region=settings.upstream_region,
         addressing_style="path" if settings.is_demo else settings.upstream_addressing_style,
-        max_connections=max(16, settings.flush_concurrency * 2),
+        # Every flush request in flight has its connection, and reads have theirs.
+        max_connections=max(16, settings.flush_max_concurrency + settings.read_concurrency),
         access_key=keys[0],
         secret_key=keys[1],
     )
@@ -394,7 +402,7 @@ def _s3_services(
             max_object_bytes=settings.max_object_bytes,
         ),
         # Reads of the upstream share the flusher's global bytes/s budget.
-        budget=None if flusher.bandwidth.unlimited else flusher.bandwidth,
+        budget=None if flusher.gate.bandwidth.unlimited else flusher.gate.bandwidth,
         inline_max_bytes=settings.inline_threshold_bytes,
         fleet=fleet,
     )
@@ -430,27 +438,11 @@ def _s3_services(
     )
 
 
-def _flusher(
-    settings: Settings,
-    clock: SystemClock,
-    journal: Journal,
-    blobs: BlobStore,
-    upstream: AiobotocoreUpstream,
-    fleet: Fleet | None,
-) -> Flusher:
-    return Flusher(
-        journal,
-        blobs,
-        upstream,
+def _gate(settings: Settings, clock: SystemClock) -> RequestGate:
+    """The request gate every upstream write goes through; reads draw on its bandwidth."""
+    backoff = Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s)
+    return build_gate(
         clock,
-        concurrency=settings.flush_concurrency,
-        backoff=Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s),
-        policy=PolicyConfig(
-            write_back_delay_s=settings.write_back_delay_s,
-            temp_patterns=settings.temp_patterns,
-            temp_hold_s=settings.temp_hold_s,
-            commit_markers=settings.commit_markers,
-        ),
         lanes=LaneConfig(
             depth=settings.lane_depth,
             rate_per_s=settings.lane_rate,
@@ -461,10 +453,43 @@ def _flusher(
         flow=RateConfig(
             initial_per_s=settings.flush_initial_rate, floor_per_s=settings.flush_min_rate
         ),
-        rate_per_s=settings.flush_rate,
-        rate_burst=settings.flush_rate_burst,
-        bandwidth_bytes_per_s=settings.flush_bandwidth_bytes,
-        bandwidth_burst_bytes=settings.flush_bandwidth_burst_bytes,
+        config=GateConfig(
+            window=WindowConfig(
+                initial=settings.flush_concurrency,
+                min_size=min(4, settings.flush_concurrency),
+                max_size=settings.flush_max_concurrency,
+            ),
+            rate_per_s=settings.flush_rate,
+            rate_burst=settings.flush_rate_burst,
+            bandwidth_bytes_per_s=settings.flush_bandwidth_bytes,
+            bandwidth_burst_bytes=settings.flush_bandwidth_burst_bytes,
+        ),
+        backoff=backoff,
+    )
+
+
+def _flusher(
+    settings: Settings,
+    clock: SystemClock,
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: AiobotocoreUpstream,
+    gate: RequestGate,
+    fleet: Fleet | None,
+) -> Flusher:
+    return Flusher(
+        journal,
+        blobs,
+        upstream,
+        clock,
+        gate=gate,
+        backoff=Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s),
+        policy=PolicyConfig(
+            write_back_delay_s=settings.write_back_delay_s,
+            temp_patterns=settings.temp_patterns,
+            temp_hold_s=settings.temp_hold_s,
+            commit_markers=settings.commit_markers,
+        ),
         multipart_threshold_bytes=settings.multipart_threshold_bytes,
         marker_holds=fleet,
         claims=fleet.claims if fleet is not None else None,

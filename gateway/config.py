@@ -123,8 +123,11 @@ class Settings:
     capacity_bytes: int = 0
     # Base domain for virtual-hosted-style requests (bucket.<domain>); None: path-style only.
     domain: str | None = None
-    # Uploads in flight to the upstream at once.
+    # Requests in flight to the upstream at first; the window adapts from there (grows
+    # while more in flight add throughput, shrinks when they stop or S3 throttles) up to
+    # flush_max_concurrency, which is also the upstream connection pool's share for flushes.
     flush_concurrency: int = 32
+    flush_max_concurrency: int = 1024
     # Full-jitter backoff of failed uploads: first retry within base, capped at max.
     flush_retry_base_s: float = 0.2
     flush_retry_max_s: float = 30.0
@@ -147,8 +150,9 @@ class Settings:
     lane_bandwidth_bytes: int = 0
     # Lowest rate of a lane S3 throttles on its own (it then has an adaptive rate of its own).
     lane_min_rate: float = 0.1
-    # Uploads in flight at once in one lane.
-    lane_concurrency: int = 8
+    # Uploads in flight at once in one lane; 0: as many as the flusher's window of requests
+    # in flight (it adapts), so that one lane alone can fill it.
+    lane_concurrency: int = 0
     # Write-back delay: an object becomes eligible this long after its ack, so an overwrite,
     # delete or rename that follows quickly is coalesced instead of uploaded.
     write_back_delay_s: float = 0.5
@@ -309,7 +313,8 @@ GROUPS: tuple[tuple[str, dict[str, Option]], ...] = (
     (
         "flush engine: rates and lanes",
         {
-            "flush_concurrency": Option(int, "N", "requests in flight, all lanes"),
+            "flush_concurrency": Option(int, "N", "requests in flight at first (adapts)"),
+            "flush_max_concurrency": Option(int, "N", "most requests in flight"),
             "flush_rate": Option(float, "N", "req/s, all lanes; 0: no cap"),
             "flush_rate_burst": Option(float, "N", "0: one second's worth"),
             "flush_bandwidth_bytes": Option(parse_size, _SIZE_ARG, "bytes/s, all lanes; 0: no cap"),
@@ -322,7 +327,7 @@ GROUPS: tuple[tuple[str, dict[str, Option]], ...] = (
             "lane_rate": Option(float, "N", "a lane's cap, req/s"),
             "lane_min_rate": Option(float, "N", "floor of a lane alone, req/s"),
             "lane_bandwidth_bytes": Option(parse_size, _SIZE_ARG, "bytes/s per lane; 0: no cap"),
-            "lane_concurrency": Option(int, "N", "uploads in flight per lane"),
+            "lane_concurrency": Option(int, "N", "uploads per lane; 0: the window"),
         },
     ),
     (
@@ -523,10 +528,10 @@ def _validate(settings: Settings) -> None:
         raise ConfigError("tls-cert and tls-key go together")
     if settings.listen == settings.admin_listen:
         raise ConfigError(f"listen and admin-listen are the same address ({settings.listen})")
-    if settings.flush_concurrency < 1:
-        raise ConfigError("flush-concurrency must be at least 1")
-    if settings.lane_concurrency < 1:
-        raise ConfigError("lane-concurrency must be at least 1")
+    if not 1 <= settings.flush_concurrency <= settings.flush_max_concurrency:
+        raise ConfigError("need 1 <= flush-concurrency <= flush-max-concurrency")
+    if settings.lane_concurrency < 0:
+        raise ConfigError("lane-concurrency must be 0 (the window) or more")
     if settings.lane_rate <= 0 or settings.lane_min_rate <= 0:
         raise ConfigError("lane-rate and lane-min-rate must be positive")
     if not 0 < settings.flush_min_rate <= settings.flush_initial_rate:

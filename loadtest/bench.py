@@ -300,16 +300,24 @@ def gateway_leg(
     drain_timeout: float,
     gateways: int = 1,
     limit_per_s: float | None = None,
+    paused_ingest: bool = False,
 ) -> dict[str, Any]:
     emu, url = start_emulator(workdir, "gateway-emulator", **throttles)
     procs: list[Proc] = []
     try:
         started = [start_gateway(workdir, f"gateway{g}", url, extra) for g in range(gateways)]
         procs = [p for p, _, _ in started]
+        if paused_ingest:  # the whole burst first: the flushers then start together
+            for _, _, admin in started:
+                http(admin + "/admin/v1/flush/pause", "POST")
         cpu0 = [cpu_seconds(p.popen.pid) for p in procs]
         wall0 = time.monotonic()
         results = _bursts([e for _, e, _ in started], profile, bodies)
         started_wall = min(r.started_wall for r in results)
+        if paused_ingest:  # times count from the resume
+            started_wall = time.time()
+            for _, _, admin in started:
+                http(admin + "/admin/v1/flush/resume", "POST")
         deadline = time.monotonic() + drain_timeout
         drains = [_drain(admin, deadline) for _, _, admin in started]
         drained_at = time.time() - started_wall
@@ -414,7 +422,8 @@ def report(res: dict[str, Any]) -> None:
     extras = {k: t[k] for k in ("limit_schedule", "storm", "split_after") if k in t}
     print(
         f"emulator     latency {t['latency_ms']:g} ms, bandwidth {t['bandwidth'] / 1e6:.3f} MB/s "
-        f"({source}),\n             limit {t['prefix_rate']:.3f} req/s per partition, "
+        f"({source}), per request {t.get('request_bandwidth', 0) / 1e6:.3f} MB/s,\n"
+        f"             limit {t['prefix_rate']:.3f} req/s per partition, "
         f"burst {t['prefix_burst']:g}, partitions at depth {t['prefix_depth']} "
         f"({m['partitions']} partitions, {'given' if res.get('prefix_rate_given') else 'auto'})"
         f"{', ' + json.dumps(extras) if extras else ''}"
@@ -453,7 +462,7 @@ def report(res: dict[str, Any]) -> None:
             f"({f['after_3s_fraction'] * 100:.1f}%)",
         )
         row(
-            "drain from start (s)",
+            "drain from resume (s)" if res.get("paused_ingest") else "drain from start (s)",
             None,
             g["drain_from_start_s"],
             f"{g['drain_from_start_s'] / m['seconds']:.2f}x min",
@@ -468,6 +477,15 @@ def report(res: dict[str, Any]) -> None:
             row("back at 90% after storm (s)", None, f["storm_recovery_s"])
         if g.get("splits"):
             row("partition splits", None, json.dumps(g["splits"]))
+        sim = res.get("simulator")
+        if sim and "ratio" in sim:
+            bench = g["drain_from_start_s"] / m["seconds"]
+            row(
+                "simulator drain / min",
+                None,
+                " ".join(f"{r:.2f}x" for r in sim["ratios"]),
+                f"bench/sim {bench / sim['ratio']:.2f}",
+            )
     width = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print(
@@ -499,6 +517,7 @@ def _throttles(
     options: dict[str, Any] = {
         "latency_ms": args.latency_ms,
         "bandwidth": round(bandwidth),
+        "request_bandwidth": round(args.request_bandwidth),
         "prefix_rate": prefix_rate,
         "prefix_depth": args.partition_depth,
         "prefix_burst": burst,
@@ -537,6 +556,12 @@ def _arguments() -> argparse.ArgumentParser:
     t.add_argument("--latency-ms", type=float, default=35.0)
     t.add_argument("--bandwidth", type=parse_size, default=None, help="skip calibration")
     t.add_argument("--bandwidth-divisor", type=float, default=15.0)
+    t.add_argument(
+        "--request-bandwidth",
+        type=parse_size,
+        default=0.0,
+        help="bytes/s of one request (one connection: S3 serves ~85-90 MB/s), 0 = none",
+    )
     t.add_argument("--calibration-rounds", type=int, default=2, help="the fastest one is used")
     t.add_argument("--prefix-rate", type=float, default=None, help="req/s per partition")
     t.add_argument("--prefix-rate-factor", type=float, default=0.75)
@@ -562,6 +587,16 @@ def _arguments() -> argparse.ArgumentParser:
     p.add_argument("--gateway-arg", action="append", default=[], help="extra serve flag")
     p.add_argument("--legs", default="direct,gateway", help="direct,gateway or one of them")
     p.add_argument("--drain-timeout", type=float, default=600.0)
+    p.add_argument(
+        "--paused-ingest",
+        action="store_true",
+        help="flush only once the whole burst is acknowledged; drain counted from then",
+    )
+    p.add_argument(
+        "--sim",
+        default="",
+        help="SEEDS: also run the case in the simulator (tests/sim), e.g. 1,2,3",
+    )
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--keep", action="store_true", help="keep the work dir")
     return p
@@ -581,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         "lane_depth": args.lane_depth,
         "gateway_args": args.gateway_arg,
         "bandwidth_divisor": args.bandwidth_divisor,
+        "paused_ingest": args.paused_ingest,
     }
     ok = False
     try:
@@ -624,7 +660,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.drain_timeout,
                 gateways=args.gateways,
                 limit_per_s=limit,
+                paused_ingest=args.paused_ingest,
             )
+        if args.sim and res.get("gateway"):
+            res["simulator"] = _simulated(args, profile, throttles, res["gateway"])
         report(res)
         gw = res.get("gateway")
         ok = gw is None or (
@@ -646,6 +685,33 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     return 0 if ok else 1
+
+
+def _simulated(
+    args: argparse.Namespace, profile: Profile, throttles: dict[str, Any], gateway: dict[str, Any]
+) -> dict[str, Any]:
+    """The simulator's figures for this case (``simcase.py``): its drain / minimum per
+    seed, against the bench's."""
+    import simcase  # the sibling module (loadtest/ is on sys.path); it loads tests/sim
+
+    if profile.multipart:
+        return {"error": "multipart profiles are not simulated"}
+    figures = simcase.simulate(
+        throttles,
+        gateways=args.gateways,
+        ranks=profile.ranks,
+        shards=profile.shards,
+        size_bytes=profile.shard_size,
+        ingest_s=float(gateway["burst"]["stall_s"]),
+        paused_ingest=args.paused_ingest,
+        seeds=[int(s) for s in args.sim.split(",")],
+    )
+    return {
+        "ratios": figures.ratios,
+        "ratio": figures.ratio,
+        "share_503_max": round(figures.share_503, 4),
+        "finish_spread_max": round(figures.finish_spread, 3),
+    }
 
 
 def _minimum(

@@ -68,6 +68,8 @@ def minimum_s(throttles: Throttles, keys: Sequence[str], request_bytes: int) -> 
     if t.split_after is not None:
         marks.add(t.split_after)
     needed = max(0.0, len(keys) - t.burst * len(partitions))
+    # The partitions' bursts let requests go at once, never their bytes.
+    bytes_s = len(keys) * request_bytes / t.bandwidth if t.bandwidth > 0 else 0.0
     for start, end in itertools.pairwise([*sorted(marks), math.inf]):
         split = t.split_after is not None and start >= t.split_after
         storm = t.storm is not None and t.storm[0] <= start < t.storm[1]
@@ -76,7 +78,7 @@ def minimum_s(throttles: Throttles, keys: Sequence[str], request_bytes: int) -> 
         if t.bandwidth > 0:
             capacity = min(capacity, t.bandwidth / request_bytes)
         if capacity > 0 and capacity * (end - start) >= needed:
-            return start + needed / capacity
+            return max(start + needed / capacity, bytes_s)
         needed -= capacity * (end - start)
     raise AssertionError("unreachable: the last segment is infinite")
 

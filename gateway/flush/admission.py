@@ -17,13 +17,15 @@ and the next lane goes, so no lane blocks another.
 
 **Isolation.** A prefix S3 throttles on its own must not drag the bucket's budget down for
 everyone. When the budget's last ``_ISOLATE_AFTER`` throttles all came from one lane, over
-more than one congestion event, while other lanes of the bucket were busy, that lane gets
-an adaptive rate of its own (``Lane.isolate``), its throttles no longer cut the budget, and
-the budget forgets the limit that lane taught it (slow start finds the others' again).
-Under a limit the lanes share, throttles land on the lanes in proportion to what they send
-(the rounds keep that even), so three in a row from one lane are rare; and a lane that
-takes more than its share and is refused for it is right to have its own rate anyway.
-The isolation ends when the lane's own rate has grown to the whole budget's.
+more than one congestion event, while other lanes of the bucket were busy, **and** S3
+refused that lane's recent requests far more often than the others' (the others' share
+of refusals under ``_OTHERS_REFUSED`` of the lane's), that lane gets an adaptive rate of
+its own (``Lane.isolate``), its throttles no longer cut the budget, and the budget forgets
+the limit that lane taught it (slow start finds the others' again). Under a limit the
+lanes share, every lane's requests are refused alike: at hundreds of 503s a second three
+in a row from one lane are common (one in 64 triples with 8 lanes), but the refusal
+shares stay even, so nobody is isolated. The isolation ends when the lane's own rate has
+grown to the whole budget's.
 """
 
 from __future__ import annotations
@@ -32,15 +34,29 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from gateway.flush.control import AdaptiveRate, RateConfig
+from gateway.flush.control import AdaptiveRate, Answers, RateConfig
 from gateway.flush.ratelimit import Pacer
 
 if TYPE_CHECKING:
     from gateway.flush.lanes import Lane, Ticket
 
 _ISOLATE_AFTER = 3  # consecutive throttles of one lane (over 2+ events) that isolate it
+_OTHERS_REFUSED = 0.25  # the other lanes' share of refusals under this times the lane's
+
+
+class Caps(Protocol):
+    """Limits above every bucket (``--flush-rate``, ``--flush-bandwidth``): asked before a
+    request is admitted, charged when it is."""
+
+    def wait_s(self, ticket: Ticket, now_s: float) -> float:
+        """Seconds before ``ticket`` may go (0: now)."""
+        ...
+
+    def take(self, ticket: Ticket, now_s: float) -> None:
+        """``ticket`` was admitted: charge it."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +91,7 @@ class BucketBudget:
         self._pushes = 0
         self._binding = False
         self.throttles = 0
+        self.answers = Answers()  # the bucket's recent answers, every lane's
 
     # -- queue -------------------------------------------------------------------------
 
@@ -117,11 +134,13 @@ class BucketBudget:
 
     # -- admission ---------------------------------------------------------------------
 
-    def grant(self, now_s: float, room: int) -> tuple[list[Ticket], float]:
+    def grant(
+        self, now_s: float, room: int, caps: Caps | None = None
+    ) -> tuple[list[Ticket], float]:
         """Admit what may go now, at most ``room`` requests (the free global slots), in
         fair rounds over the lanes, oldest work first within a round (see the module
-        docstring). Returns the tickets admitted and when to call again (inf: only when
-        something changes: a new request, an answer, a slot freed)."""
+        docstring), within ``caps``. Returns the tickets admitted and when to call again
+        (inf: only when something changes: a new request, an answer, a slot freed)."""
         self._repace(now_s)
         granted: list[Ticket] = []
         held: list[Lane] = []
@@ -147,6 +166,13 @@ class BucketBudget:
                 binding = True
                 next_s = min(next_s, now_s + wait_s)
                 break
+            wait_s = caps.wait_s(ticket, now_s) if caps is not None else 0.0
+            if wait_s > 0:  # held above the bucket: the budget is not what holds it
+                held.append(lane)
+                next_s = min(next_s, now_s + wait_s)
+                break
+            if caps is not None:
+                caps.take(ticket, now_s)
             self._pacer.take(ticket.requests, now_s)
             lane.grant(ticket, now_s)
             # Start-time fair queueing: the round of this request becomes the bucket's
@@ -175,18 +201,27 @@ class BucketBudget:
 
     # -- outcomes ----------------------------------------------------------------------
 
-    def on_success(self, lane: Lane, sent_s: float, now_s: float) -> None:
+    def on_success(self, lane: Lane, sent_s: float, now_s: float, *, grown: bool = False) -> None:
         lane.answers.add(now_s, True)
+        self.answers.add(now_s, True)
         if lane.isolation is not None:
-            lane.isolation.on_success(sent_s, now_s)
+            lane.isolation.on_success(sent_s, now_s, grown=grown)
             lane.repace(now_s)
-        self.rate.on_success(sent_s, now_s)
+        self.rate.on_success(sent_s, now_s, grown=grown)
+
+    def on_progress(self, lane: Lane, sent_s: float, now_s: float) -> None:
+        """A request of ``lane`` is on its way, not refused (``AdaptiveRate.on_progress``)."""
+        if lane.isolation is not None:
+            lane.isolation.on_progress(sent_s, now_s)
+            lane.repace(now_s)
+        self.rate.on_progress(sent_s, now_s)
 
     def on_throttle(self, lane: Lane, sent_s: float, now_s: float) -> None:
         """A request of ``lane`` sent at ``sent_s`` was throttled: cut the lane's own rate
         if it has one, isolate it if it is the one lane S3 keeps refusing (see the module
         docstring), else cut the bucket's budget (once per congestion event)."""
         lane.answers.add(now_s, False)
+        self.answers.add(now_s, False)
         if lane.isolation is not None:
             if lane.isolation.on_throttle(sent_s, now_s):
                 lane.repace(now_s, drain=True)
@@ -194,7 +229,7 @@ class BucketBudget:
         self.throttles += 1
         others_busy = any(o is not lane and (o.in_flight or o in self._queued) for o in self._lanes)
         self._recent.append((lane, self.rate.event_of(sent_s), others_busy))
-        if self._isolates(lane):
+        if self._isolates(lane, now_s):
             lane.isolate(self.config, sent_s, now_s)
             self._isolated.add(lane)
             self._recent.clear()
@@ -205,13 +240,20 @@ class BucketBudget:
         if self.rate.on_throttle(sent_s, now_s):
             self._pacer.follow(self.rate.rate_per_s, now_s, cut=True)
 
-    def _isolates(self, lane: Lane) -> bool:
+    def _isolates(self, lane: Lane, now_s: float) -> bool:
         recent = self._recent
-        return (
+        if not (
             len(recent) == _ISOLATE_AFTER
             and all(entry[0] is lane and entry[2] for entry in recent)
             and recent[0][1] != recent[-1][1]
-        )
+        ):
+            return False
+        mine_ok, mine_refused = lane.answers.counts(now_s)
+        all_ok, all_refused = self.answers.counts(now_s)
+        others_ok, others_refused = max(0, all_ok - mine_ok), max(0, all_refused - mine_refused)
+        mine = mine_refused / max(1, mine_ok + mine_refused)
+        others = others_refused / max(1, others_ok + others_refused)
+        return others < _OTHERS_REFUSED * mine
 
     def forget(self, lane: Lane) -> None:
         """``lane`` (idle, nothing waiting) is being dropped by its owner."""

@@ -9,12 +9,26 @@ and CUBIC (RFC 8312):
 - **Slow start.** A fresh budget starts at ``initial_per_s``; while it holds work back each
   success adds 1 request/s (TCP's +1 segment per ACK): the rate doubles per second at most.
   It ends at the first throttle.
-- **One cut per congestion event.** A throttle of a request sent after the last cut is a
-  new event; one sent before belongs to the same event and changes nothing (a burst of
-  503s answers a burst of requests: one signal, as a window's losses are in TCP). The rate
-  drops to ``beta`` times ``w_max``, the rate the upstream was accepting (acceptances per
-  second lately, never more than the rate allowed): slow start overshoots before the first
-  503 comes back, and what got through is the figure of the limit, not what was sent.
+- **One cut per congestion event.** A throttle of a request sent more than a round trip
+  after the last cut is a new event; one sent before belongs to the same event and
+  changes nothing (a burst of 503s answers a burst of requests: one signal, as a window's
+  losses are in TCP; and requests sent within a round trip of the cut still meet the
+  overload of those sent before it, as TCP's NewReno waits for the data outstanding at
+  its cut). The rate drops to ``beta`` times ``w_max``, the rate the upstream was
+  accepting (acceptances per second lately, never more than the rate allowed): slow start
+  overshoots before the first 503 comes back, and what got through is the figure of the
+  limit, not what was sent. When those seconds hold a slow start's ramp they measure it
+  low; so once the requests sent while S3 refused (from the refused one to the cut) are
+  answered, what they got through (the partition's bucket is empty then: its rate) raises
+  ``w_max`` if it is higher.
+- **A cut as deep as the overload** (after DCTCP, RFC 8257, which cuts by the share of
+  marked packets): once out of slow start, the cut is the share of the last second's
+  answers that were refused, and ``beta`` at most (and ``beta`` when a second holds too
+  few answers to measure a share: under 20 requests a second the cut is as before).
+  Every sender of a shared partition sees about the same share, so each gives up the
+  same fraction and the probing that follows (equal for all) evens their shares out; a
+  cut of ``beta`` for whoever drew a 503 and none for the rest left a few gateways far
+  behind the others, and slow at the end.
 - **Recovery and probing (CUBIC).** After a cut the rate climbs back to ``w_max`` along a
   cubic: quickly while far below it, flat near it, reaching it ``recovery_s`` after a
   ``beta`` cut at any scale. Past ``w_max`` it grows faster and faster: the periodic gentle
@@ -47,31 +61,67 @@ from dataclasses import dataclass
 
 _ANSWER_WINDOW_S = 3.0  # answers counted for the accepted rate (at least _MIN_ANSWERS)
 _MIN_ANSWERS = 8
+_MAX_ANSWERS = 1 << 16  # 3 s of 20,000 answers/s
 _ACCELERATE = 1.2  # a probe this far over w_max without a throttle: slow start again
+_MIN_THROUGH = 16  # acceptances that measure a limit (fewer: noise)
+_MIN_SHARE_ANSWERS = 20  # answers in a second that measure a refused share
+
+
+@dataclass(slots=True)
+class _Through:
+    """The requests sent while the upstream was refusing: from the send of the request
+    that opened a congestion event to its cut. The partition's bucket is empty then, so
+    what it accepts of them arrives at its rate (this sender's share of it)."""
+
+    from_s: float
+    to_s: float
+    accepted: int = 0
+    last_s: float = 0.0  # the last send among them answered so far
+
+    def rate_per_s(self) -> float | None:
+        span_s = self.last_s - self.from_s
+        if self.accepted < _MIN_THROUGH or span_s <= 0:
+            return None
+        return self.accepted / span_s
 
 
 class Answers:
     """Acceptances per second among the recent answers: over the last few seconds, or
-    over the last few answers when they are further apart."""
+    over the last few answers when they are further apart. Its memory is what came in
+    that time (trimmed as answers come), at most ``_MAX_ANSWERS``."""
 
-    def __init__(self) -> None:
-        self._answers: deque[tuple[float, bool]] = deque(maxlen=4096)
+    def __init__(self, window_s: float = _ANSWER_WINDOW_S) -> None:
+        self._answers: deque[tuple[float, bool]] = deque(maxlen=_MAX_ANSWERS)
         self._accepted = 0
+        self._window_s = window_s
 
     def add(self, now_s: float, accepted: bool) -> None:
         if len(self._answers) == self._answers.maxlen:
             self._accepted -= self._answers[0][1]
         self._answers.append((now_s, accepted))
         self._accepted += accepted
+        self._trim(now_s)
 
     def accepted_per_s(self, now_s: float) -> float:
         """What the upstream let through lately (0.0 before any answer)."""
+        self._trim(now_s)
         answers = self._answers
-        while len(answers) > _MIN_ANSWERS and answers[0][0] < now_s - _ANSWER_WINDOW_S:
-            self._accepted -= answers.popleft()[1]
         if not answers:
             return 0.0
-        return self._accepted / max(now_s - answers[0][0], _ANSWER_WINDOW_S / 4)
+        span_s = now_s - answers[0][0]
+        if len(answers) == answers.maxlen:  # a full memory is a shorter time: exact
+            return self._accepted / max(span_s, 1e-3)
+        return self._accepted / max(span_s, self._window_s / 4)
+
+    def counts(self, now_s: float) -> tuple[int, int]:
+        """The recent answers: (accepted, refused)."""
+        self._trim(now_s)
+        return self._accepted, len(self._answers) - self._accepted
+
+    def _trim(self, now_s: float) -> None:
+        answers = self._answers
+        while len(answers) > _MIN_ANSWERS and answers[0][0] < now_s - self._window_s:
+            self._accepted -= answers.popleft()[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +164,9 @@ class AdaptiveRate:
         self._binding = False
         self._last_cut_s = -math.inf
         self._recovered_s = -math.inf  # send time of the first acceptance since the last cut
+        self._through: _Through | None = None
         self._answers = Answers()
+        self._last_second = Answers(1.0)
 
     @property
     def rate_per_s(self) -> float:
@@ -138,16 +190,26 @@ class AdaptiveRate:
         self._binding = binding
         return self._rate
 
-    def on_success(self, sent_s: float, now_s: float) -> None:
-        """A request sent at ``sent_s`` was accepted."""
+    def on_success(self, sent_s: float, now_s: float, *, grown: bool = False) -> None:
+        """A request sent at ``sent_s`` was accepted (``grown``: its ``on_progress`` grew
+        a slow start already)."""
         self._answers.add(now_s, True)
+        self._last_second.add(now_s, True)
+        self._note_through(sent_s, now_s, accepted=True)
         if self._last_cut_s < sent_s < self._recovered_s:
             self._recovered_s = sent_s
+        if not grown:
+            self.on_progress(sent_s, now_s)
+
+    def on_progress(self, sent_s: float, now_s: float) -> None:
+        """A request sent at ``sent_s`` is on its way, not refused after longer than a
+        refusal takes (a large body, still being sent): as good as an acceptance for a
+        slow start, which would otherwise wait a whole body's time for each step."""
         if self.is_slow_start and self._binding and sent_s > self._last_cut_s:
             round_trip_s = max(now_s - sent_s, 1.0)
             self._rate = self._clamp(self._rate + min(self._rate, 1.0 / round_trip_s))
             if self._rate >= self._ssthresh:  # back at the rate known to work: its plateau
-                self._start_epoch(now_s, self._rate, self._rate, cut=False)
+                self._start_epoch(now_s, self._rate, self._rate)
 
     def event_of(self, sent_s: float) -> int:
         """The congestion event a throttle of a request sent at ``sent_s`` belongs to:
@@ -158,24 +220,57 @@ class AdaptiveRate:
         """A request sent at ``sent_s`` was throttled. True if this was a new congestion
         event and the rate was cut."""
         self._answers.add(now_s, False)
+        self._last_second.add(now_s, False)
+        self._note_through(sent_s, now_s, accepted=False)
         if self.event_of(sent_s) == self.events:
             return False  # sent before the last cut: the same congestion event
         accepted = self._answers.accepted_per_s(now_s)
         beta, floor = self.config.beta, self.config.floor_per_s
         self.events += 1
+        # Requests sent within a round trip of the cut meet the overload of those sent
+        # before it (the partition's bucket is still empty): they are this event's too.
+        until_s = now_s + (now_s - sent_s)
         if self._recovered_s < math.inf or self.w_max_per_s is None:
             w_max = max(min(self._rate, accepted) if accepted > 0 else self._rate, floor)
+            if self.w_max_per_s is not None:  # (a slow start's overshoot: the deepest cut)
+                beta = max(beta, 1 - self._refused_share(now_s))
             if self.w_max_per_s is not None and w_max < self.w_max_per_s:
                 w_max *= (1 + beta) / 2  # fast convergence: give way to the others
             self._ssthresh = 0.0
-            self._start_epoch(now_s, w_max, beta * w_max)
+            self._start_epoch(now_s, w_max, beta * w_max, until_s)
+            self._through = _Through(sent_s, now_s, last_s=sent_s)
         elif accepted == 0:  # nothing got through lately: an outage, not a lower limit
             self._ssthresh = self.w_max_per_s
             outage = min(self.config.outage_per_s, self.w_max_per_s)
-            self._start_epoch(now_s, self.w_max_per_s, max(beta * self._rate, outage))
+            self._start_epoch(now_s, self.w_max_per_s, max(beta * self._rate, outage), until_s)
         else:
-            self._start_epoch(now_s, self.w_max_per_s, beta * self._rate)
+            self._start_epoch(now_s, self.w_max_per_s, beta * self._rate, until_s)
         return True
+
+    def _refused_share(self, now_s: float) -> float:
+        """The share of the last second's answers that were refused (1.0 when they are too
+        few to tell a share: a budget of a few requests a second cuts by ``beta``)."""
+        ok, refused = self._last_second.counts(now_s)
+        if ok + refused < _MIN_SHARE_ANSWERS:
+            return 1.0
+        return refused / (ok + refused)
+
+    def _note_through(self, sent_s: float, now_s: float, *, accepted: bool) -> None:
+        """Count an answer of a request sent during the last congestion event; once the
+        requests sent after its cut answer, what got through during it is known: a limit
+        the accepted rate of the last seconds measured low (a slow start's ramp is in
+        them) is raised to it, and the curve recovers to that."""
+        through = self._through
+        if through is None:
+            return
+        if sent_s > through.to_s:
+            self._through = None
+            measured = through.rate_per_s()
+            if measured is not None and self.w_max_per_s and measured > self.w_max_per_s:
+                self._start_epoch(now_s, measured, self._rate)
+        elif sent_s >= through.from_s:
+            through.accepted += accepted
+            through.last_s = max(through.last_s, sent_s)
 
     def forget_limit(self) -> None:
         """What was learnt about the limit was not this budget's (a lane throttled on its
@@ -188,15 +283,19 @@ class AdaptiveRate:
         """CUBIC's constant relative to w_max: a ``beta`` cut recovers in ``recovery_s``."""
         return (1 - self.config.beta) / self.config.recovery_s**3
 
-    def _start_epoch(self, now_s: float, w_max: float, rate: float, *, cut: bool = True) -> None:
+    def _start_epoch(
+        self, now_s: float, w_max: float, rate: float, cut_until_s: float | None = None
+    ) -> None:
+        """A new epoch of the curve from ``rate`` towards ``w_max``; with ``cut_until_s``
+        a cut, whose event takes throttles of requests sent until then."""
         self._rate = self._clamp(rate)
         self.w_max_per_s = w_max
         below = max(0.0, w_max - self._rate) / max(w_max, 1e-9)
         self._k_s = math.cbrt(below / self._relative_c())
         self._grown_s = 0.0
         self._tick_s = max(self._tick_s, now_s)
-        if cut:
-            self._last_cut_s = now_s
+        if cut_until_s is not None:
+            self._last_cut_s = cut_until_s
             self._recovered_s = math.inf
 
     def _cubic(self, t_s: float) -> float:

@@ -54,7 +54,8 @@ from gateway.upstream.client import PartSource, Upstream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_PART_CONCURRENCY = 4  # parts of one early upload sent at once (open files)
+_PART_CONCURRENCY = 64  # parts of one early upload sent at once (open part files; the
+# gate's window bounds the requests in flight)
 
 
 class RequestGate(Protocol):

@@ -17,22 +17,16 @@ a new row in a lane with room, an upload finishing, or the next timer (a backoff
 the write-back delay); a throttled or idle gateway does not spin.
 
 Flow control: claims go through ``FlushPolicy`` (write-back delay, temp holds, lane room,
-commit ordering); every request then passes ``_slot``: first its admission by ``Lanes``
-(the bucket's adaptive budget, shared by its lanes in fair rounds, oldest work first, and
-the lane's own gates: ``admission.py``), then one of the ``concurrency`` global slots and
-the global tokens, in that order, so a request held back by its lane or bucket holds
-neither a global slot nor a global token while it waits (a fast lane never queues behind
-slow lanes' backlog, and the global rate holds whatever the lanes do). Each answer goes
-back to ``Lanes`` with the time its request was sent (a 503 for a request sent before the
-budget's last cut is part of that congestion event; ``Retry-After`` pauses the lane).
+commit ordering); every request then goes through the request gate (``gate.py``, built by
+the composition root and shared with early uploads and reads): admission by its bucket's
+budget in fair rounds over the lanes, a slot of the adaptive window of requests in flight,
+the global caps, and its answer reported exactly once. A claimed upload waiting for its
+admission holds no slot, so a fast lane never queues behind slow lanes' backlog. A
+multipart flush sends every request through the gate too (``multipart.py``).
 
 Early multipart uploads (``early.py``) send a local multipart upload's parts while the
-client is still uploading; their requests take the same path (``early_request``), and the
-claimed row then only completes the upload (``_upload``).
-
-The admission is pure; this module is its async shell: a waiting request awaits a future
-that ``_pump`` resolves when ``Lanes.pump`` admits it, and one timer task wakes ``_pump``
-when ``Lanes.pump`` asks to be called again (tokens accrue, a pause ends). Nothing polls.
+client is still uploading, through the same gate; the claimed row then only completes the
+upload (``_upload``).
 """
 
 from __future__ import annotations
@@ -41,8 +35,7 @@ import asyncio
 import contextlib
 import io
 import logging
-import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
@@ -51,9 +44,10 @@ from gateway.clock import Clock
 from gateway.fleet.view import MarkerHolds, UploadClaims
 from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
-from gateway.flush.control import RateConfig
 from gateway.flush.early import EarlyUploads
-from gateway.flush.lanes import Lane, LaneConfig, Lanes, LaneStatus, Ticket
+from gateway.flush.gate import GateStatus, RequestGate, build_gate
+from gateway.flush.lanes import Lane, LaneStatus
+from gateway.flush.multipart import put_parts
 from gateway.flush.order import FlushOrder
 from gateway.flush.orphans import UpstreamUploads
 from gateway.flush.parts import split_parts
@@ -61,7 +55,7 @@ from gateway.flush.policy import FlushPolicy, PolicyConfig
 from gateway.flush.progress import FlushProgress
 from gateway.flush.ratelimit import TokenBucket
 from gateway.models import LocalObject
-from gateway.store.blobs import BlobStore
+from gateway.store.blobs import BlobStore, close_bodies, open_bodies
 from gateway.store.integrity import BodyDigest, body_digests, check_bytes, check_fd
 from gateway.store.journal import Journal
 from gateway.store.queue import FlushQueue
@@ -75,15 +69,10 @@ from gateway.upstream.classify import (
     printable,
     unsendable,
 )
-from gateway.upstream.client import PartSource, RequestRunner, Upstream
+from gateway.upstream.client import PartSource, Upstream
 
 log = logging.getLogger(__name__)
-_REQUEST_TRIES = 8  # tries of one part (or completion) before the whole upload is retried
 _SWEEP_INTERVAL_S = 60.0  # how often recorded, no longer open upstream uploads are aborted
-# Upload tasks at most, per global slot: tasks waiting for their lane's tokens take no slot,
-# but each holds an open blob, so their number is still bounded.
-_TASKS_PER_SLOT = 4
-_TIMER_MIN_S = 0.001  # shortest sleep of the admission timer
 _CLAIM_RETRY_S = 1.0  # pause after a claim the journal failed
 T = TypeVar("T")
 
@@ -104,7 +93,10 @@ class FlusherStatus:
 
 
 class Flusher:
-    """Background uploader. Construct, then ``await run()`` in an owned task."""
+    """Background uploader. Construct, then ``await run()`` in an owned task.
+
+    ``gate`` is the request gate every upload goes through (the composition root builds
+    it and shares it with reads; by default one with the default settings)."""
 
     def __init__(
         self,
@@ -113,15 +105,9 @@ class Flusher:
         upstream: Upstream,
         clock: Clock,
         *,
-        concurrency: int = 8,
+        gate: RequestGate | None = None,
         backoff: Backoff | None = None,
         policy: PolicyConfig | None = None,
-        lanes: LaneConfig | None = None,
-        flow: RateConfig | None = None,
-        rate_per_s: float = 0.0,
-        rate_burst: float = 0.0,
-        bandwidth_bytes_per_s: int = 0,
-        bandwidth_burst_bytes: int = 0,
         multipart_threshold_bytes: int = 64 << 20,
         marker_holds: MarkerHolds | None = None,
         claims: UploadClaims | None = None,
@@ -131,22 +117,16 @@ class Flusher:
         self._blobs = blobs
         self._upstream = upstream
         self._clock = clock
-        self._concurrency = concurrency
         self._backoff = backoff or Backoff()
-        # Requests admitted but waiting for the global tokens (--flush-rate, bandwidth)
-        # count as in flight in Lanes, so a budget held back by those caps does not grow.
-        self.lanes = Lanes(lanes or LaneConfig(), flow or RateConfig(), concurrency)
+        self.gate = gate or build_gate(clock, backoff=self._backoff)
+        self.lanes = self.gate.lanes
         self.policy = FlushPolicy(policy or PolicyConfig(write_back_delay_s=0.0), self.lanes)
         # In a fleet, commit markers also wait for every other gateway (fleet/fence.py).
         self.order = FlushOrder(self.policy, journal.figures, marker_holds)
         self._claims = claims  # with replicas: one uploader per version (fleet/claims.py)
         self.progress = FlushProgress(clock.monotonic)  # bytes in flight, measured rates
+        self.gate.on_accepted, self.gate.on_retry = self.progress.accepted, self.progress.failed
         self._is_attached = False
-        now_s = clock.monotonic()
-        self._requests = TokenBucket(rate_per_s, rate_burst, now_s)
-        self._bandwidth = TokenBucket(
-            bandwidth_bytes_per_s, float(bandwidth_burst_bytes or bandwidth_bytes_per_s), now_s
-        )
         self._multipart_threshold_bytes = multipart_threshold_bytes
         self._uploads = UpstreamUploads(journal, upstream, clock)
         # The PartListener of MultipartService, when the composition root connects it.
@@ -155,25 +135,17 @@ class Flusher:
             blobs,
             upstream,
             self._uploads,
-            self,
+            self.gate,
             clock,
             skip=lambda key: self.policy.is_temp(key) or self.policy.is_marker(key),
         )
-        self._last_sweep_s = now_s
-        self._resumed = asyncio.Event()
-        self._resumed.set()
+        self._last_sweep_s = clock.monotonic()
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(concurrency)  # requests sent or about to be
-        self._lane_waiting = 0  # tasks waiting for admission (no slot held)
-        self._timer: asyncio.Task[None] | None = None  # wakes _pump when Lanes asks
-        self._timer_s = math.inf
-        self._room = asyncio.Event()  # set when claim room may have appeared
         self._by_key: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._uploads_ok = 0
         self._uploads_failed = 0
         self._retries = 0
-        self._throttles = 0
         self._last_error: str | None = None
         self.claim_rounds = 0  # times the loop looked for work (wake-ups): see tests
         self.empty_rounds = 0  # ... and found none
@@ -181,19 +153,23 @@ class Flusher:
     # -- control -------------------------------------------------------------------------
 
     def pause(self) -> None:
-        self._resumed.clear()
+        self.gate.pause()
 
     def resume(self) -> None:
-        self._resumed.set()
+        self.gate.resume()
 
     @property
     def is_paused(self) -> bool:
-        return not self._resumed.is_set()
+        return self.gate.is_paused
 
     @property
     def bandwidth(self) -> TokenBucket:
         """The upstream's global bytes/s bucket; read-through fills draw from it too."""
-        return self._bandwidth
+        return self.gate.bandwidth
+
+    def gate_status(self) -> GateStatus:
+        """The window of requests in flight and the answers so far."""
+        return self.gate.core.status()
 
     def lane_status(self) -> list[LaneStatus]:
         return self.lanes.status(self._clock.monotonic())
@@ -232,8 +208,8 @@ class Flusher:
             len(self._tasks),
             self._uploads_ok,
             self._uploads_failed,
-            self._retries,
-            self._throttles,
+            self._retries + self.gate.retries,
+            self.gate.core.throttled,
             self._last_error,
         )
 
@@ -241,8 +217,8 @@ class Flusher:
         """Stop claiming; wait for uploads until ``deadline_s`` seconds pass, then cancel."""
         self._stopping = True
         self.order.wakeup.set()
-        self._resumed.set()
-        self._room.set()
+        self.gate.resume()
+        self.gate.room.set()
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=deadline_s)
             for task in late:
@@ -260,13 +236,13 @@ class Flusher:
             await self._abort_abandoned_uploads()
             self.early.ready.set()
             while not self._stopping:
-                await self._resumed.wait()
+                await self.gate.resumed()
                 if self._stopping:
                     break
-                room = self._claim_room()
+                room = self.gate.core.claim_room(len(self._tasks))
                 if room <= 0:
-                    self._room.clear()
-                    await self._room.wait()
+                    self.gate.room.clear()
+                    await self.gate.room.wait()
                     continue
                 self.order.wakeup.clear()  # before looking: what comes after wakes us
                 self.claim_rounds += 1
@@ -309,13 +285,6 @@ class Flusher:
             self._spawn(obj)
         self.order.settle(self._clock.monotonic())
 
-    def _claim_room(self) -> int:
-        """How many rows to claim now: free global slots, counting a task waiting for its
-        lane's tokens as not holding one, within the bound on tasks."""
-        active = len(self._tasks) - self._lane_waiting
-        bound = _TASKS_PER_SLOT * self._concurrency
-        return min(self._concurrency - active, bound - len(self._tasks))
-
     async def _idle(self) -> None:
         """Sleep until the order has something new (a row in a lane with room, an upload
         finished) or its next timer fires (a backoff, a hold, a paused lane); nothing else
@@ -345,7 +314,7 @@ class Flusher:
         self._by_key[ident] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda _: self._room.set())
+        task.add_done_callback(lambda _: self.gate.room.set())
         task.add_done_callback(lambda t: self._forget(ident, t))
 
     def _forget(self, ident: tuple[str, str], task: asyncio.Task[None]) -> None:
@@ -410,113 +379,14 @@ class Flusher:
             metrics.FLUSH_BYTES.inc(obj.meta.size_bytes)
         log.debug("flushed %s/%s seq=%d", obj.meta.bucket, obj.meta.key, obj.seq)
 
-    @contextlib.asynccontextmanager
-    async def _slot(
-        self,
-        lane: Lane,
-        order: int,
-        requests: int,
-        size_bytes: int,
-        *,
-        sent: bool = True,
-        early: bool = False,
-    ) -> AsyncIterator[None]:
-        """Admission of one request, sent inside the ``async with``: its admission by
-        ``Lanes`` (``order``: the object's ack sequence, older first), then a global slot,
-        then the global tokens. Global tokens are taken only when the request may go, so
-        none is spent on a moment the request cannot use.
-
-        With ``sent``, the answer goes to ``Lanes`` with the moment the request left:
-        leaving the block is an acceptance, a ``Throttled`` raised in it a throttle (any
-        other error is neither: the budget learns nothing from it)."""
-        ticket = await self._admit(lane, order, requests, size_bytes, early)
-        try:
-            async with self._slots:
-                now_s = self._clock.monotonic()
-                wait_s = max(
-                    self._requests.reserve(requests, now_s),
-                    self._bandwidth.reserve(size_bytes, now_s),
-                )
-                if wait_s > 0:
-                    await asyncio.sleep(wait_s)
-                if sent:
-                    self.lanes.on_sent(ticket, self._clock.monotonic())
-                try:
-                    yield
-                except Throttled as exc:
-                    if sent:
-                        exc.lane_noted = True
-                        self.lanes.on_answer(
-                            ticket,
-                            self._clock.monotonic(),
-                            throttled=True,
-                            retry_after_s=exc.retry_after_s,
-                        )
-                    raise
-                if sent:
-                    self.lanes.on_answer(ticket, self._clock.monotonic(), throttled=False)
-                    self.progress.accepted(lane.bucket, lane.prefix)
-        finally:
-            self.lanes.done(ticket)
-            self._pump()
-
-    async def _admit(
-        self, lane: Lane, order: int, requests: int, size_bytes: int, early: bool
-    ) -> Ticket:
-        """Wait until ``Lanes`` admits this request. While waiting, the task of a claimed
-        row counts as holding no global slot (``_claim_room``; an early request has none)."""
-        ticket = self.lanes.submit(lane, order, requests, size_bytes, self._clock.monotonic())
-        waiting = 0 if early else 1
-        self._lane_waiting += waiting
-        self._room.set()
-        try:
-            while not ticket.is_granted:
-                waker: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                ticket.waker = waker
-                self._pump()
-                if not ticket.is_granted:
-                    await waker
-        except BaseException:
-            self.lanes.cancel(ticket)
-            self._pump()
-            raise
-        finally:
-            self._lane_waiting -= waiting
-        return ticket
-
-    def _pump(self) -> None:
-        """Admit what may go now (wake its waiters) and arm the timer for the next time
-        ``Lanes`` wants to be asked. Called whenever something changed."""
-        granted, next_s = self.lanes.pump(self._clock.monotonic())
-        for ticket in granted:
-            waker = ticket.waker
-            if isinstance(waker, asyncio.Future) and not waker.done():
-                waker.set_result(None)
-        if next_s == math.inf:
-            if self._timer is not None and not self.lanes.has_waiting:
-                self._timer.cancel()  # nothing waits: no reason to wake
-                self._timer, self._timer_s = None, math.inf
-        elif next_s < self._timer_s:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_s = next_s
-            self._timer = asyncio.create_task(self._wake_at(next_s), name="flush admission")
-
-    async def _wake_at(self, at_s: float) -> None:
-        # At least a millisecond: a wait the clock cannot resolve must not spin the loop.
-        await asyncio.sleep(max(_TIMER_MIN_S, at_s - self._clock.monotonic()))
-        if self._timer_s == at_s:
-            self._timer, self._timer_s = None, math.inf
-        self._pump()
-
     async def _upload(self, obj: LocalObject, lane: Lane) -> None:
         if obj.is_delete:
             if not obj.flushed_before and self.policy.is_temp(obj.meta.key):
                 # A temp key that lived and died here: it never reached the upstream, and
                 # temp names are not expected there from elsewhere. Nothing to send.
                 return
-            async with self._slot(lane, obj.seq, 1, 0):
-                await self._upstream.delete_object(obj.meta.bucket, obj.meta.key)
+            bucket, key = obj.meta.bucket, obj.meta.key
+            await self._send(lane, obj, 0, lambda: self._upstream.delete_object(bucket, key))
             return
         if obj.body is not None:
             await self._upload_inline(obj, lane, obj.body)
@@ -528,8 +398,8 @@ class Flusher:
             try:
                 # Opened and closed in a thread: an open can wait on the disk, and the last
                 # close of a superseded (unlinked) blob frees its blocks.
-                opened = await asyncio.to_thread(_open_all, self._blobs, obj.blob_ids)
-                files.push_async_callback(asyncio.to_thread, _close_all, opened)
+                opened = await asyncio.to_thread(open_bodies, self._blobs, obj.blob_ids)
+                files.push_async_callback(asyncio.to_thread, close_bodies, opened)
             except FileNotFoundError as exc:
                 # Only a superseded version's blob is ever unlinked: nothing to upload, the
                 # newer version has its own row. A blob missing for a live row is a fault.
@@ -557,20 +427,16 @@ class Flusher:
                 # bucket's latest version, so check before sending (usually page cache).
                 await _require_intact(opened[0], digests[0])
                 body = self.progress.body(obj.meta.bucket, obj.meta.key, opened[0])
-                async with self._slot(lane, obj.seq, 1, obj.meta.size_bytes):
-                    etag = await self._upstream.put_object(obj.meta, body)
+                size = obj.meta.size_bytes
+                etag = await self._send(
+                    lane, obj, size, lambda: self._upstream.put_object(obj.meta, body)
+                )
                 _check_etag(etag, obj.meta.etag)
                 return
             sources = self.progress.parts(obj.meta.bucket, obj.meta.key, sources)
-            # CreateMultipartUpload takes its tokens here but is sent by put_multipart,
-            # outside the slot; each part and the completion hold a slot while sent.
-            async with self._slot(lane, obj.seq, 1, 0, sent=False):
-                pass
-
-            async def run(size_bytes: int, send: Callable[[], Awaitable[T]]) -> T:
-                return await self._send_request(lane, obj.seq, size_bytes, send)
-
-            etag = await self._put_multipart(obj, sources, run)
+            etag = await put_parts(
+                self.gate, self._upstream, self._uploads, lane, obj.seq, obj.meta, sources
+            )
         _check_etag(etag, expected)
 
     async def _upload_inline(self, obj: LocalObject, lane: Lane, body: bytes) -> None:
@@ -578,73 +444,22 @@ class Flusher:
         problem = check_bytes(body, body_digests(obj)[0])
         if problem is not None:
             raise Corrupt(f"body {problem}")
-        async with self._slot(lane, obj.seq, 1, obj.meta.size_bytes):
-            etag = await self._upstream.put_object(obj.meta, io.BytesIO(body))
+        size = obj.meta.size_bytes
+        etag = await self._send(
+            lane, obj, size, lambda: self._upstream.put_object(obj.meta, io.BytesIO(body))
+        )
         _check_etag(etag, obj.meta.etag)
 
-    async def early_request(
-        self, bucket: str, key: str, order: int, size_bytes: int, send: Callable[[], Awaitable[T]]
+    async def _send(
+        self, lane: Lane, obj: LocalObject, size_bytes: int, call: Callable[[], Awaitable[T]]
     ) -> T:
-        """``RequestGate`` for early multipart uploads: after a pause, as any request of a
-        multipart flush (admission in the key's lane at ``order``, slots, tokens, retries)."""
-        await self._resumed.wait()
-        lane = self.lanes.lane_for(bucket, key, self._clock.monotonic())
-        return await self._send_request(lane, order, size_bytes, send, early=True)
-
-    async def _send_request(
-        self,
-        lane: Lane,
-        order: int,
-        size_bytes: int,
-        send: Callable[[], Awaitable[T]],
-        *,
-        early: bool = False,
-    ) -> T:
-        """One request of a multipart upload: tokens first, then up to ``_REQUEST_TRIES``
-        tries with backoff on throttles and transient errors, so one 503 costs one retried
-        part rather than a restarted upload."""
-        for attempt in range(_REQUEST_TRIES):
-            try:
-                async with self._slot(lane, order, 1, size_bytes, early=early):
-                    return await send()
-            except (Throttled, Retryable) as exc:
-                self._note_transient(lane, exc)
-                if attempt + 1 == _REQUEST_TRIES:
-                    raise
-                await asyncio.sleep(self._backoff.delay_s(attempt, exc.retry_after_s))
-        raise AssertionError("unreachable")
-
-    async def _put_multipart(
-        self, obj: LocalObject, sources: list[PartSource], run: RequestRunner
-    ) -> str:
-        """A multipart upload bracketed by an intent row, so that a crash even between
-        CreateMultipartUpload and recording its id leaves a trace the sweep acts on. A
-        cancelled upload (shutdown deadline) keeps its intent for the next start's sweep."""
-        intent = await self._uploads.begin(obj.meta.bucket, obj.meta.key)
-        try:
-            etag = await self._upstream.put_multipart(obj.meta, sources, self._uploads.track, run)
-        except Exception:
-            await self._uploads.end(intent)
-            raise
-        await self._uploads.end(intent)
-        return etag
+        """One request of a claimed row through the gate (one try: a failure goes back to
+        the row, which is retried after a backoff)."""
+        return await self.gate.send(lane, obj.seq, size_bytes, call, claimed=True)
 
     async def _is_superseded(self, obj: LocalObject) -> bool:
         current = await self._journal.get(obj.meta.bucket, obj.meta.key)
         return current is None or current.seq != obj.seq
-
-    def _note_transient(self, lane: Lane, exc: FlushError) -> None:
-        """Count a transient failure; a throttle also goes to the admission (once)."""
-        self._retries += 1
-        self.progress.failed(printable(str(exc)))
-        metrics.FLUSH_RETRIES.inc()
-        if isinstance(exc, Throttled):
-            self._throttles += 1
-            metrics.FLUSH_THROTTLES.labels(lane.bucket, lane.prefix).inc()
-            if not exc.lane_noted:  # not sent through a slot (CreateMultipartUpload)
-                exc.lane_noted = True
-                self.lanes.on_unsent_throttle(lane, self._clock.monotonic(), exc.retry_after_s)
-                self._pump()
 
     async def _on_failure(self, obj: LocalObject, lane: Lane, exc: FlushError) -> None:
         """Record a failed try: ``failed`` with its error when retrying cannot cure it, else
@@ -662,7 +477,9 @@ class Flusher:
                 self.early.supersede(obj.meta.bucket, obj.meta.key, obj.seq + 1)
                 await self._queue.mark_failed(obj, error)
                 return
-            self._note_transient(lane, exc)
+            self._retries += 1  # the gate counted the answer (a throttle) already
+            self.progress.failed(error)
+            metrics.FLUSH_RETRIES.inc()
             # A throttle is paced by the bucket's (cut) budget: the row's own backoff does
             # not grow with its attempts too, or a lane's last rows would idle for seconds.
             tries = 0 if isinstance(exc, Throttled) else obj.attempts
@@ -682,24 +499,6 @@ class Flusher:
 def _name(obj: LocalObject) -> str:
     """``bucket/key`` of a row, printable whatever the key holds."""
     return printable(f"{obj.meta.bucket}/{obj.meta.key}")
-
-
-def _open_all(blobs: BlobStore, blob_ids: list[str]) -> list[BinaryIO]:
-    """Open every body file of a version (blocking); none is left open if one is missing."""
-    opened: list[BinaryIO] = []
-    try:
-        for blob_id in blob_ids:
-            opened.append(blobs.path(blob_id).open("rb"))
-    except BaseException:
-        _close_all(opened)
-        raise
-    return opened
-
-
-def _close_all(files: list[BinaryIO]) -> None:
-    for f in files:
-        with contextlib.suppress(OSError):
-            f.close()
 
 
 async def _require_intact(body: BinaryIO, digest: BodyDigest) -> None:

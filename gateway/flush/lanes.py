@@ -17,7 +17,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from gateway.flush.admission import BucketBudget, BudgetStatus
+from gateway.flush.admission import BucketBudget, BudgetStatus, Caps
 from gateway.flush.control import AdaptiveRate, Answers, RateConfig
 from gateway.flush.ratelimit import Pacer, TokenBucket
 
@@ -45,7 +45,7 @@ class LaneConfig:
     rate_per_s: float = 3500.0  # hard cap per lane; S3's documented per-prefix write limit
     min_rate_per_s: float = 0.1  # floor of an isolated lane's adaptive rate
     bandwidth_bytes_per_s: int = 0  # 0: unlimited
-    concurrency: int = 8
+    concurrency: int = 0  # uploads of one lane claimed at once; 0: the gate's window
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +69,13 @@ class Ticket:
     requests: int
     size_bytes: int
     serial: int = 0  # ties within one order (the parts of one upload) go in arrival order
+    is_claimed: bool = False  # a claimed row's request (it holds no slot while it waits)
     granted_s: float | None = None
     sent_s: float | None = None
+    is_bound: bool = False  # admitted while the window of requests in flight was the limit
+    is_progressed: bool = False  # reported on its way (a slow body) before its answer
     is_cancelled: bool = False
-    is_done: bool = False
+    is_done: bool = False  # answered (or given up after admission): reported once
     waker: object = field(default=None, repr=False)  # the async shell's handle
 
     @property
@@ -83,15 +86,14 @@ class Ticket:
 class Lane:
     """One prefix lane's state (mutated only on the event loop, read by the claim policy).
 
-    ``has_room``, ``in_flight`` and ``concurrency`` are what the claim side uses; the rest
-    belongs to the admission (``admission.BucketBudget``).
+    ``in_flight`` (uploads claimed and not finished) and ``paused_until_s`` are what the
+    claim side uses; the rest belongs to the admission (``admission.BucketBudget``).
     """
 
     def __init__(self, bucket: str, prefix: str, config: LaneConfig, now_s: float) -> None:
         self.bucket = bucket
         self.prefix = prefix
         self.config = config
-        self.concurrency = config.concurrency
         self.in_flight = 0
         self.throttles = 0
         self.paused_until_s = 0.0
@@ -110,9 +112,9 @@ class Lane:
         self._own_binding = False
         self._serials = itertools.count()
 
-    def has_room(self, now_s: float, claimed_now: int) -> bool:
-        """Whether one more upload may start: a free slot and no Retry-After pause."""
-        return self.in_flight + claimed_now < self.concurrency and now_s >= self.paused_until_s
+    def is_paused(self, now_s: float) -> bool:
+        """Held by a ``Retry-After`` pause: no upload of the lane should start now."""
+        return now_s < self.paused_until_s
 
     # -- waiting requests (oldest work first) --------------------------------------------
 
@@ -212,19 +214,21 @@ class Lane:
 
 class Lanes:
     """The lanes (created on first use) and each bucket's budget: the admission of every
-    request the flusher sends. Pure: the flusher's async shell calls ``submit``, then
+    request the flusher sends. Pure: the request gate (``gate.py``) calls ``submit``, then
     ``pump`` whenever something changed (a request waits, an answer came, a slot was
     freed, or the time ``pump`` asked to be called again has come), and reports every
-    granted request's send (``on_sent``) and end (``on_answer``).
+    granted request's send (``on_sent``) and answer (``on_answer``).
+
+    ``lane_concurrency`` is how many uploads of one lane may be claimed at once: the
+    configured figure, else the gate's window of requests in flight (one lane alone can
+    fill it, and a lane whose uploads wait for their admission takes at most that share
+    of the claimed uploads: the others are claimed meanwhile).
     """
 
-    def __init__(
-        self, config: LaneConfig, flow: RateConfig | None = None, concurrency: int = 0
-    ) -> None:
+    def __init__(self, config: LaneConfig, flow: RateConfig | None = None) -> None:
         self.config = config
         self.flow = flow or RateConfig()
-        self.concurrency = concurrency  # requests admitted and not answered (0: no limit)
-        self.in_flight = 0
+        self.lane_concurrency = config.concurrency or 8
         self._lanes: dict[tuple[str, str], Lane] = {}
         self._budgets: dict[str, BucketBudget] = {}
 
@@ -253,10 +257,17 @@ class Lanes:
     # -- admission -------------------------------------------------------------------------
 
     def submit(
-        self, lane: Lane, order: int, requests: int, size_bytes: int, now_s: float
+        self,
+        lane: Lane,
+        order: int,
+        requests: int,
+        size_bytes: int,
+        now_s: float,
+        *,
+        claimed: bool = False,
     ) -> Ticket:
         """A request of ``lane`` waits for admission; ``order`` ranks it (smaller first)."""
-        ticket = Ticket(lane, order, requests, size_bytes)
+        ticket = Ticket(lane, order, requests, size_bytes, is_claimed=claimed)
         lane.add(ticket)
         lane.last_used_s = now_s
         self.budget(lane.bucket, now_s).enqueue(lane)
@@ -268,25 +279,23 @@ class Lanes:
         return any(budget.has_waiting for budget in self._budgets.values())
 
     def cancel(self, ticket: Ticket) -> None:
-        """The waiter gave up (its upload was cancelled): drop it, or end it if granted."""
-        if ticket.is_granted:
-            self.done(ticket)
-        else:
-            ticket.is_cancelled = True
+        """The waiter gave up before its admission: it is never admitted."""
+        ticket.is_cancelled = True
 
-    def pump(self, now_s: float) -> tuple[list[Ticket], float]:
-        """Admit what may go now (every bucket, oldest work first within each); returns
-        the admitted tickets and when to pump again at the latest (inf: not needed until
-        something changes)."""
+    def pump(
+        self, now_s: float, room: int = 1 << 30, caps: Caps | None = None
+    ) -> tuple[list[Ticket], float]:
+        """Admit what may go now, at most ``room`` requests, within ``caps`` (every bucket,
+        oldest work first within each); returns the admitted tickets and when to pump
+        again at the latest (inf: not needed until something changes)."""
         granted: list[Ticket] = []
         next_s = math.inf
         waiting = [b for b in self._budgets.values() if b.top_key is not None]
         for budget in sorted(waiting, key=lambda b: b.top_key or (0, 0)):
-            room = self.concurrency - self.in_flight if self.concurrency > 0 else 1 << 30
             if room <= 0:
                 break
-            admitted, wake_s = budget.grant(now_s, room)
-            self.in_flight += len(admitted)
+            admitted, wake_s = budget.grant(now_s, room, caps)
+            room -= len(admitted)
             granted += admitted
             next_s = min(next_s, wake_s)
         return granted, next_s
@@ -296,37 +305,30 @@ class Lanes:
         (a throttle of a request sent before the last cut is part of that event)."""
         ticket.sent_s = sent_s
 
+    def on_progress(self, ticket: Ticket, now_s: float) -> None:
+        """The request is on its way and was not refused when a refusal would have come
+        back (``Gate``): a slow start may count it as accepted."""
+        if ticket.sent_s is not None and not ticket.is_progressed:
+            ticket.is_progressed = True
+            self.budget(ticket.lane.bucket, now_s).on_progress(ticket.lane, ticket.sent_s, now_s)
+
     def on_answer(
         self, ticket: Ticket, now_s: float, *, throttled: bool, retry_after_s: float | None = None
-    ) -> None:
-        """The upstream accepted (``throttled`` False) or throttled the request."""
+    ) -> bool:
+        """The upstream accepted (``throttled`` False) or throttled the request. True if a
+        throttle was a new congestion event of the bucket's budget (it was cut)."""
         lane, sent_s = ticket.lane, ticket.sent_s if ticket.sent_s is not None else now_s
         budget = self.budget(lane.bucket, now_s)
-        if throttled:
-            self._throttled(lane, sent_s, now_s, retry_after_s)
-        else:
-            budget.on_success(lane, sent_s, now_s)
-        self.done(ticket)
-
-    def on_unsent_throttle(self, lane: Lane, now_s: float, retry_after_s: float | None) -> None:
-        """A throttle of a request that did not go through ``on_sent`` (sent by the upstream
-        client on its own: CreateMultipartUpload); counted as sent just now."""
-        self._throttled(lane, now_s, now_s, retry_after_s)
-
-    def _throttled(
-        self, lane: Lane, sent_s: float, now_s: float, retry_after_s: float | None
-    ) -> None:
+        if not throttled:
+            budget.on_success(lane, sent_s, now_s, grown=ticket.is_progressed)
+            return False
         lane.throttles += 1
         lane.last_throttle_s = now_s
         if retry_after_s:
             lane.paused_until_s = max(lane.paused_until_s, now_s + retry_after_s)
-        self.budget(lane.bucket, now_s).on_throttle(lane, sent_s, now_s)
-
-    def done(self, ticket: Ticket) -> None:
-        """The admitted request is over (any outcome): its global slot is free."""
-        if ticket.is_granted and not ticket.is_done:
-            ticket.is_done = True
-            self.in_flight -= 1
+        events = budget.rate.events
+        budget.on_throttle(lane, sent_s, now_s)
+        return budget.rate.events != events
 
     # -- status ----------------------------------------------------------------------------
 

@@ -83,8 +83,8 @@ class FlushPolicy:
         it in this round."""
         lane = self.lanes.peek(bucket, key)
         in_flight = lane.in_flight if lane is not None else 0
-        if in_flight + taken >= self.lanes.config.concurrency:
+        if in_flight + taken >= self.lanes.lane_concurrency:
             return Room.SLOTS
-        if lane is not None and not lane.has_room(now_s, taken):
+        if lane is not None and lane.is_paused(now_s):
             return Room.LATER
         return Room.FREE

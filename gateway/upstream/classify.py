@@ -57,8 +57,6 @@ class FlushError(Exception):
 class Throttled(FlushError):
     """503 SlowDown and kin: back off and slow the lane down."""
 
-    lane_noted = False  # set once the flusher's lane has counted it (counted once only)
-
 
 class Retryable(FlushError):
     """A transient failure (5xx, timeout, connection error): back off and try again."""

@@ -520,10 +520,12 @@ def test_global_request_rate_holds_when_lanes_are_slower(
 
 
 def test_slow_lanes_do_not_take_every_global_slot(rig_factory: Callable[..., Rig]) -> None:
-    """Default concurrency (32 global, 8 per lane) and ``--lane-bandwidth 32KiB``: four lanes
-    of 16 objects of 32 KiB go at one object per second each; a lane of three tiny objects
-    written once they are busy should not wait for them. Observed: ~32 slow uploads reach
-    the upstream before the first tiny one (about 8 s later)."""
+    """Default concurrency (a window of 32 requests in flight; a lane may claim as many
+    uploads) and ``--lane-bandwidth 32KiB``: four lanes of 16 objects of 32 KiB go at one
+    object per second each, most of their objects claimed and waiting for their lane;
+    a lane of three tiny objects written once they are busy should not wait for them.
+    Observed before the admission took no slot for a waiting upload: ~32 slow uploads
+    reached the upstream before the first tiny one (about 8 s later)."""
     rig = rig_factory(["--lane-bandwidth", "32KiB"])
     s3 = rig.s3
     slow_lanes = [f"bw/slow{lane}/x/" for lane in range(4)]
@@ -532,7 +534,7 @@ def test_slow_lanes_do_not_take_every_global_slot(rig_factory: Callable[..., Rig
             s3.put_object(Bucket=BUCKET, Key=f"{prefix}obj-{i:02d}", Body=payload(32 * 1024, i))
     _wait_for(
         "the slow lanes to fill their slots",
-        lambda: all(rig.lanes().get(p, {}).get("in_flight", 0) == 8 for p in slow_lanes),
+        lambda: all(rig.lanes().get(p, {}).get("in_flight", 0) >= 8 for p in slow_lanes),
     )
     fast = {f"bw/fast/x/obj-{i}": payload(100, seed=f"fast{i}") for i in range(3)}
     for key, body in fast.items():

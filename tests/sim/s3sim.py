@@ -1,22 +1,27 @@
-"""A deterministic, fake-clock simulator of S3's request throttling, driving the REAL flow
-control of the flusher (``gateway.flush.lanes.Lanes``: the admission, the bucket budgets,
-the lanes' gates) for hours of simulated time in a fraction of a second.
+"""A deterministic, fake-clock simulator of S3's request throttling and of the network, for
+the flusher's REAL request gate (``gateway.flush.gate.Gate``: the window of requests in
+flight, each bucket's adaptive budget shared by its lanes, the lanes' gates, the caps),
+run for hours of simulated time in seconds.
 
 The model of S3 (``S3Model``): every request lands in a **partition**, a key prefix at a
 depth the clients do not know (``depth``; by default coarser than the gateway's lanes, as
 in a fresh bucket), with a token bucket of ``rate_per_s`` and ``burst`` shared by every
-client. A partition under sustained load (accepting at least half its rate for
-``split_after_s`` seconds in a row) **splits** into the prefixes one level down where its
-keys differ, each with the full rate. ``limits`` change the rate at given times
-(``(t, factor)``), and during a **storm** (``(start, end)``) every request is answered 503.
+client (by default a second's worth, at least 2). A partition under sustained load
+(accepting at least half its rate for ``split_after_s`` seconds in a row) **splits** into
+the prefixes one level down where its keys differ, each with the full rate. ``limits``
+change the rate at given times (``(t, factor)``), and during a **storm** (``(start,
+end)``) every request is answered 503.
 
-The model of a gateway (``SimGateway``) is the flusher's loop with its I/O replaced by
-events: claims in acknowledgement order while a lane has room (``concurrency`` per lane,
-a bounded number of waiting uploads), each claimed object submitted to ``Lanes`` and
-granted by ``Lanes.pump``; a granted request reaches S3 after ``up_s`` (plus jitter),
-its answer comes back ``down_s`` later (plus ``body_s`` when accepted); a throttled
-object goes back to pending for a full-jitter retry delay (as the flusher's journal
-does). Nothing here reimplements a policy: every decision is the real classes'.
+The network (``Net``): a request reaches S3 ``up_s`` after it leaves (plus up to
+``jitter_s``), its answer comes back ``down_s`` later (plus jitter); an accepted body is
+transferred in between over a **link** (``link_bytes_per_s``), each connection at most
+``conn_bytes_per_s`` (S3 serves ~85-90 MB/s per connection): bodies in flight share the
+link equally (processor sharing), as TCP flows do; 0 is no limit. The link is each node's
+own (``link_per_gateway``), or one for all the gateways, as the bench's emulator has.
+
+The gateway (``sim_gateway.SimGateway``) is the flusher's loop with its I/O replaced by
+events; every flow decision is the real ``Gate``'s. ``run`` writes a checkpoint into one or
+several gateways at t=0 and reports the drain against ``minimum_s``.
 """
 
 from __future__ import annotations
@@ -29,14 +34,33 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.flush.control import RateConfig
-from gateway.flush.lanes import LaneConfig, Lanes, Ticket
-
 
 def prefix_at(key: str, depth: int) -> str:
     """The first ``depth`` directory segments of ``key`` (with the trailing slash)."""
     directories = key.split("/")[:-1][:depth]
     return "/".join(directories) + "/" if directories else ""
+
+
+class Sim:
+    """The event loop: ``at(t, fn)`` runs ``fn`` at simulated time ``t``."""
+
+    def __init__(self, seed: int = 1) -> None:
+        self.now_s = 0.0
+        self.rng = random.Random(seed)
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._n = 0
+
+    def at(self, t_s: float, fn: Callable[[], None]) -> None:
+        self._n += 1
+        heapq.heappush(self._events, (max(t_s, self.now_s), self._n, fn))
+
+    def run(self, until_s: float, done: Callable[[], bool]) -> None:
+        while self._events and not done():
+            t_s, _, fn = heapq.heappop(self._events)
+            if t_s > until_s:
+                break
+            self.now_s = t_s
+            fn()
 
 
 class Partition:
@@ -70,22 +94,12 @@ class S3Model:
     split_after_s: float | None = None
     limits: Sequence[tuple[float, float]] = ()  # (t, factor of rate_per_s from t on)
     storms: Sequence[tuple[float, float]] = ()  # every request refused in [start, end)
-    bandwidth_per_s: float = 0.0  # accepted bodies the bucket takes per second (0: no cap)
     rates: dict[str, float] = field(default_factory=dict)  # partition prefix -> its own rate
     partitions: dict[str, Partition] = field(default_factory=dict)
     splits: dict[str, int] = field(default_factory=dict)  # prefix -> depth of its children
     accepted: list[tuple[float, int]] = field(default_factory=list)  # (t, gateway)
     refused: list[tuple[float, int]] = field(default_factory=list)
     keys_seen: dict[str, set[str]] = field(default_factory=dict)
-    link_free_s: float = 0.0  # the shared link is busy with accepted bodies until then
-
-    def body_done_s(self, now_s: float, body_s: float) -> float:
-        """When an accepted body that starts arriving now is through: ``body_s`` on an
-        idle link, or after the bodies ahead of it when the bandwidth cap is reached."""
-        if self.bandwidth_per_s <= 0:
-            return now_s + body_s
-        self.link_free_s = max(self.link_free_s, now_s) + 1.0 / self.bandwidth_per_s
-        return max(self.link_free_s, now_s + body_s)
 
     def __post_init__(self) -> None:
         if self.burst <= 0:
@@ -114,7 +128,8 @@ class S3Model:
     def answer(self, key: str, now_s: float, gateway: int) -> bool:
         part = self.partition_of(key, now_s)
         part.rate_per_s = self.rates.get(part.prefix, self.rate_per_s) * self.factor(now_s)
-        self.keys_seen.setdefault(part.prefix, set()).add(key)
+        if self.split_after_s is not None:
+            self.keys_seen.setdefault(part.prefix, set()).add(key)
         in_storm = any(start <= now_s < end for start, end in self.storms)
         ok = not in_storm and part.take(now_s)
         (self.accepted if ok else self.refused).append((now_s, gateway))
@@ -145,144 +160,73 @@ class S3Model:
 
 @dataclass
 class Net:
-    """Request timing: to S3 ``up_s``, back ``down_s``, plus ``body_s`` when accepted,
-    each with up to ``jitter_s`` more (seeded)."""
+    """Request timing (see the module docstring); 0 bytes/s is no limit."""
 
     up_s: float = 0.02
     down_s: float = 0.02
-    body_s: float = 0.05
     jitter_s: float = 0.01
+    conn_bytes_per_s: float = 0.0
+    link_bytes_per_s: float = 0.0
+    link_per_gateway: bool = False  # each node its own link; else one for all (the bench's)
 
 
-class Sim:
-    """The event loop: ``at(t, fn)`` runs ``fn`` at simulated time ``t``."""
+class Link:
+    """Bodies in flight sharing one link equally, each at most ``conn`` bytes/s
+    (processor sharing, with a virtual clock: every body is served at the same rate, so
+    one heap of finish marks in served bytes finds the next one)."""
 
-    def __init__(self, seed: int = 1) -> None:
-        self.now_s = 0.0
-        self.rng = random.Random(seed)
-        self._events: list[tuple[float, int, Callable[[], None]]] = []
-        self._n = 0
+    def __init__(self, sim: Sim, net: Net) -> None:
+        self._sim = sim
+        self._conn = net.conn_bytes_per_s or math.inf
+        self._link = net.link_bytes_per_s or math.inf
+        self._served = 0.0  # bytes served to each body in flight, since the start
+        self._at_s = 0.0
+        self._bodies: list[tuple[float, int, Callable[[], None]]] = []
+        self._n = itertools.count()
+        self._version = 0
+        self.bytes_done = 0.0
 
-    def at(self, t_s: float, fn: Callable[[], None]) -> None:
-        self._n += 1
-        heapq.heappush(self._events, (max(t_s, self.now_s), self._n, fn))
+    @property
+    def unlimited(self) -> bool:
+        return self._conn == math.inf and self._link == math.inf
 
-    def run(self, until_s: float, done: Callable[[], bool]) -> None:
-        while self._events and not done():
-            t_s, _, fn = heapq.heappop(self._events)
-            if t_s > until_s:
-                break
-            self.now_s = t_s
+    def send(self, size_bytes: int, done: Callable[[], None]) -> None:
+        """Transfer ``size_bytes``; ``done()`` when they are through."""
+        if size_bytes <= 0 or self.unlimited:
+            done()
+            return
+        self._advance()
+        heapq.heappush(self._bodies, (self._served + size_bytes, next(self._n), done))
+        self.bytes_done += size_bytes
+        self._schedule()
+
+    def _rate(self) -> float:
+        return min(self._conn, self._link / max(1, len(self._bodies)))
+
+    def _advance(self) -> None:
+        now_s = self._sim.now_s
+        if self._bodies:
+            self._served += (now_s - self._at_s) * self._rate()
+        self._at_s = now_s
+
+    def _schedule(self) -> None:
+        self._version += 1
+        if not self._bodies:
+            return
+        version = self._version
+        finish_s = self._sim.now_s + (self._bodies[0][0] - self._served) / self._rate()
+        self._sim.at(finish_s, lambda: self._finish(version))
+
+    def _finish(self, version: int) -> None:
+        if version != self._version:
+            return  # the bodies changed since: a newer event stands
+        self._advance()
+        done: list[Callable[[], None]] = []
+        while self._bodies and self._bodies[0][0] <= self._served + 1e-6:
+            done.append(heapq.heappop(self._bodies)[2])
+        self._schedule()
+        for fn in done:
             fn()
-
-
-class SimGateway:
-    """One gateway's flusher: its objects, the real ``Lanes``, events for its I/O."""
-
-    def __init__(
-        self,
-        ident: int,
-        sim: Sim,
-        s3: S3Model,
-        keys: Sequence[str],
-        *,
-        lane_depth: int = 3,
-        net: Net | None = None,
-        flow: RateConfig | None = None,
-        concurrency: int = 32,
-        lane_concurrency: int = 8,
-        start_s: float = 0.0,
-        retry_base_s: float = 0.2,
-    ) -> None:
-        self.ident = ident
-        self.sim = sim
-        self.s3 = s3
-        self.net = net or Net()
-        self.lanes = Lanes(
-            LaneConfig(depth=lane_depth, concurrency=lane_concurrency), flow, concurrency
-        )
-        self.pending: list[tuple[float, int, str]] = [(start_s, i, k) for i, k in enumerate(keys)]
-        heapq.heapify(self.pending)
-        self.tasks = 0
-        self.max_tasks = 4 * concurrency
-        self.left = len(keys)
-        self.finished_s: float | None = None
-        self.done_s: dict[str, float] = {}  # key -> when it was accepted upstream
-        self.requests = 0
-        self.throttled = 0
-        self._retry_base_s = retry_base_s
-        self._pump_at = math.inf
-        sim.at(start_s, self.work)
-
-    def work(self) -> None:
-        """Claim what may go (oldest first, lane room), then pump the admission."""
-        now = self.sim.now_s
-        held: list[tuple[float, int, str]] = []
-        while self.pending and self.pending[0][0] <= now and self.tasks < self.max_tasks:
-            entry = heapq.heappop(self.pending)
-            lane = self.lanes.lane_for("b", entry[2], now)
-            if not lane.has_room(now, 0):
-                held.append(entry)
-                continue
-            lane.in_flight += 1
-            self.tasks += 1
-            ticket = self.lanes.submit(lane, entry[1], 1, 0, now)
-            ticket.waker = entry
-        for entry in held:
-            heapq.heappush(self.pending, entry)
-        if self.pending and self.pending[0][0] > now:
-            self.sim.at(self.pending[0][0], self.work)
-        self.pump()
-
-    def pump(self) -> None:
-        """Admit what may go; ask to be called again when ``Lanes.pump`` says (one timer
-        at a time, as the flusher keeps one)."""
-        granted, next_s = self.lanes.pump(self.sim.now_s)
-        for ticket in granted:
-            self.send(ticket)
-        if next_s < self._pump_at:
-            self._pump_at = next_s
-            self.sim.at(next_s, lambda: self._timer(next_s))
-
-    def _timer(self, at_s: float) -> None:
-        if at_s == self._pump_at:  # else a later or earlier timer replaced this one
-            self._pump_at = math.inf
-            self.pump()
-
-    def send(self, ticket: Ticket) -> None:
-        now = self.sim.now_s
-        self.lanes.on_sent(ticket, now)
-        self.requests += 1
-        jitter = self.sim.rng.uniform(0, self.net.jitter_s)
-        self.sim.at(now + self.net.up_s + jitter, lambda: self.arrive(ticket))
-
-    def arrive(self, ticket: Ticket) -> None:
-        entry = ticket.waker
-        assert isinstance(entry, tuple)
-        now = self.sim.now_s
-        ok = self.s3.answer(entry[2], now, self.ident)
-        done_s = self.s3.body_done_s(now, self.net.body_s) if ok else now
-        back_s = self.net.down_s + self.sim.rng.uniform(0, self.net.jitter_s)
-        self.sim.at(done_s + back_s, lambda: self.answer(ticket, ok))
-
-    def answer(self, ticket: Ticket, ok: bool) -> None:
-        now = self.sim.now_s
-        entry = ticket.waker
-        assert isinstance(entry, tuple)
-        self.lanes.on_answer(ticket, now, throttled=not ok)
-        ticket.lane.in_flight -= 1
-        self.tasks -= 1
-        if ok:
-            self.done_s[entry[2]] = now
-            self.left -= 1
-            if self.left == 0:
-                self.finished_s = now
-        else:
-            self.throttled += 1
-            retry_s = now + self.sim.rng.uniform(0, self._retry_base_s)
-            heapq.heappush(self.pending, (retry_s, entry[1], entry[2]))
-            self.sim.at(retry_s, self.work)
-        self.work()
 
 
 @dataclass
@@ -295,6 +239,7 @@ class Result:
     minimum_s: float
     jain: float
     accepted: list[tuple[float, int]]
+    windows: list[int] = field(default_factory=list)  # each gateway's window at the end
 
     @property
     def drain_s(self) -> float:
@@ -343,14 +288,29 @@ def run(
     ranks: int = 16,
     shards: int = 16,
     seed: int = 1,
+    net: Net | None = None,
     after_s: float = 3.0,
-    until_s: float = 3600.0,
+    until_s: float = 36000.0,
     **gateway_opts: object,
 ) -> Result:
-    """Every gateway writes its checkpoint at t=0 and flushes until done."""
+    """Every gateway writes its checkpoint at t=0 and flushes until done
+    (``gateway_opts``: ``sim_gateway.SimGateway``'s). The drain counts from t=0, the
+    minimum from the first request (the bench's figures: ``loadtest/bench.py``)."""
+    from sim_gateway import SimGateway  # the gateway model builds on this module
+
     sim = Sim(seed)
+    link_net = net or Net()
+    shared = None if link_net.link_per_gateway else Link(sim, link_net)
     gws = [
-        SimGateway(g, sim, s3, checkpoint_keys(g, ranks, shards), **gateway_opts)  # type: ignore[arg-type]
+        SimGateway(
+            g,
+            sim,
+            s3,
+            checkpoint_keys(g, ranks, shards),
+            net=link_net,
+            link=shared,
+            **gateway_opts,  # type: ignore[arg-type]
+        )
         for g in range(gateways)
     ]
     sim.run(until_s, lambda: all(g.finished_s is not None for g in gws))
@@ -358,39 +318,54 @@ def run(
     keys = [k for g in range(gateways) for k in checkpoint_keys(g, ranks, shards)]
     common_s = min(finish)
     shares = Counter(gw for t, gw in s3.accepted if t < common_s)
+    size = gws[0].size_bytes
     return Result(
         finish_s=finish,
         requests=sum(g.requests for g in gws),
         throttled=sum(g.throttled for g in gws),
         throttled_after=sum(1 for t, _ in s3.refused if t >= after_s),
         requests_after=sum(1 for t, _ in s3.accepted + s3.refused if t >= after_s),
-        minimum_s=minimum_s(s3, keys),
+        minimum_s=minimum_s(s3, keys, gws[0].requests_per_object, size, link_net, ranks * shards),
         jain=jain([shares[g] / common_s for g in range(gateways)]),
         accepted=s3.accepted,
+        windows=[g.gate.window.size for g in gws],
     )
 
 
-def minimum_s(s3: S3Model, keys: Sequence[str]) -> float:
-    """The least time any client needs for one request per key: the partitions' bursts at
-    once, then their rates together (capped by the bandwidth), following the limit
-    changes, storms and the split of a client that keeps every partition busy from t=0
-    (split at ``split_after_s``). The work is assumed even over the partitions."""
+def minimum_s(
+    s3: S3Model,
+    keys: Sequence[str],
+    requests_per_key: int,
+    size_bytes: int,
+    net: Net,
+    keys_per_link: int = 1,
+) -> float:
+    """The least time any client needs, from its first request, for ``requests_per_key``
+    requests per key carrying ``size_bytes`` per key: the partitions' bursts at once, then
+    their rates together, capped by what the link carries, following the limit changes,
+    storms and the split of a client that keeps every partition busy from t=0 (split at
+    ``split_after_s``). The work is assumed even over the partitions (and over the links,
+    ``keys_per_link`` each, when each gateway has its own)."""
     partitions = {prefix_at(k, s3.depth) for k in keys}
     children = sum(_children_after_split(p, keys, s3.depth) for p in partitions)
     marks = {0.0, *(t for t, _ in s3.limits), *(t for span in s3.storms for t in span)}
     if s3.split_after_s is not None:
         marks.add(s3.split_after_s)
     times = [*sorted(marks), math.inf]
-    needed = max(0.0, len(keys) - s3.burst * len(partitions))
+    needed = max(0.0, len(keys) * requests_per_key - s3.burst * len(partitions))
+    link = math.inf  # requests/s the link carries (their bodies in even shares)
+    bytes_s = 0.0  # a partition's burst sends requests at once, never their bytes
+    if net.link_bytes_per_s and size_bytes:
+        links = len(keys) // keys_per_link if net.link_per_gateway else 1
+        link = links * net.link_bytes_per_s * requests_per_key / size_bytes
+        bytes_s = len(keys) * requests_per_key / link
     for start, end in itertools.pairwise(times):
         split = s3.split_after_s is not None and start >= s3.split_after_s
         storm = any(a <= start < b for a, b in s3.storms)
         capacity = 0.0 if storm else s3.rate_per_s * s3.factor(start)
-        capacity *= children if split else len(partitions)
-        if s3.bandwidth_per_s > 0:
-            capacity = min(capacity, s3.bandwidth_per_s)
+        capacity = min(capacity * (children if split else len(partitions)), link)
         if capacity > 0 and capacity * (end - start) >= needed:
-            return start + needed / capacity
+            return max(start + needed / capacity, bytes_s)
         needed -= capacity * (end - start)
     raise AssertionError("unreachable: the last segment is infinite")
 

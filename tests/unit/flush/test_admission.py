@@ -1,5 +1,6 @@
 """How a bucket's lanes share its adaptive budget: through ``Lanes.submit``/``pump`` and
-the answers, with explicit times (no clock, no I/O). The rate itself is test_control.py."""
+the answers, with explicit times (no clock, no I/O). The rate itself is test_control.py;
+the window of requests in flight and the answers' bookkeeping are test_gate.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from gateway.flush.control import RateConfig
 from gateway.flush.lanes import LaneConfig, Lanes, Ticket
 
 
-def _lanes(rate: float = 1000.0, concurrency: int = 0, **lane: float) -> Lanes:
+def _lanes(rate: float = 1000.0, **lane: float) -> Lanes:
     config = LaneConfig(depth=1, **lane)  # type: ignore[arg-type]
-    return Lanes(config, RateConfig(initial_per_s=rate), concurrency)
+    return Lanes(config, RateConfig(initial_per_s=rate))
 
 
 def _submit(lanes: Lanes, key: str, order: int, now_s: float = 0.0) -> Ticket:
@@ -95,25 +96,21 @@ def test_pump_says_when_to_call_again() -> None:
     assert (len(granted), next_s) == (1, math.inf)
 
 
-def test_global_concurrency_bounds_what_is_admitted_until_done() -> None:
-    lanes = _lanes(concurrency=2)
-    tickets = [_submit(lanes, f"p{i}/x", i) for i in range(3)]
-    assert [t.order for t in lanes.pump(0.0)[0]] == [0, 1]
-    assert lanes.pump(0.0) == ([], math.inf)  # not the budget's doing: no timer needed
-    lanes.done(tickets[0])
-    lanes.done(tickets[0])  # once only
-    assert [t.order for t in lanes.pump(0.0)[0]] == [2]
-    assert lanes.in_flight == 2
-
-
 def test_a_cancelled_waiter_is_never_admitted() -> None:
     lanes = _lanes()
     gone = _submit(lanes, "a/x", 1)
     kept = _submit(lanes, "a/y", 2)
     lanes.cancel(gone)
     assert lanes.pump(0.0)[0] == [kept]
-    lanes.cancel(kept)  # cancelled after admission: its slot is freed
-    assert lanes.in_flight == 0
+
+
+def test_pump_admits_at_most_room_requests() -> None:
+    lanes = _lanes()
+    for i in range(3):
+        _submit(lanes, f"p{i}/x", i)
+    assert [t.order for t in lanes.pump(0.0, 2)[0]] == [0, 1]
+    assert lanes.pump(0.0, 0) == ([], math.inf)  # not the budget's doing: no timer needed
+    assert [t.order for t in lanes.pump(0.0, 2)[0]] == [2]
 
 
 # -- throttles ----------------------------------------------------------------------------
@@ -131,7 +128,6 @@ def test_a_burst_of_503s_for_requests_sent_together_cuts_the_budget_once() -> No
     [budget] = lanes.budgets()
     assert (budget.throttles, budget.events) == (5, 1)
     assert budget.rate_per_s < 1000.0
-    assert lanes.in_flight == 0
     throttles = [s.throttles for s in sorted(lanes.status(0.1), key=lambda s: s.prefix)]
     assert throttles == [1] * 5 + [0] * 5
 
@@ -141,7 +137,7 @@ def _refuse(lanes: Lanes, key: str, order: int, now_s: float) -> Ticket:
     admitted meanwhile is sent and accepted."""
     ticket = _submit(lanes, key, order, now_s)
     while not ticket.is_granted:
-        granted, next_s = lanes.pump(now_s)
+        granted, next_s = lanes.pump(now_s, 4)  # four requests in flight at most
         for other in granted:
             if other is not ticket:
                 lanes.on_sent(other, now_s)
@@ -157,11 +153,11 @@ def test_a_lane_refused_again_and_again_while_others_wait_gets_a_rate_of_its_own
     """Three throttles in a row, over two congestion events, all of the hot lane while the
     cold lane had work waiting: S3 throttles that prefix on its own. From then on its
     throttles cut its own rate, not the bucket's budget that the cold lane shares."""
-    lanes = _lanes(concurrency=4)
+    lanes = _lanes()
     first = [_submit(lanes, f"hot/{k}", order) for order, k in enumerate("ab", 1)]
     for order in range(50):
         _submit(lanes, f"cold/{order}", 1000 + order)
-    granted, _ = lanes.pump(0.0)  # in rounds: hot, cold, hot, cold
+    granted, _ = lanes.pump(0.0, 4)  # in rounds: hot, cold, hot, cold
     assert [t.lane.prefix for t in granted] == ["hot/", "cold/", "hot/", "cold/"]
     _send(lanes, granted, 0.0)
     for ticket in granted:  # all sent before the first answer's cut: one event
@@ -183,7 +179,7 @@ def test_a_lane_refused_again_and_again_while_others_wait_gets_a_rate_of_its_own
 
 
 def test_throttles_spread_over_the_lanes_of_a_shared_limit_isolate_nobody() -> None:
-    lanes = _lanes(concurrency=4)
+    lanes = _lanes()
     for order in range(50):
         _submit(lanes, f"w{order % 3}/{order}", 1000 + order)
     t = 0.0

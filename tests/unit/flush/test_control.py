@@ -106,13 +106,30 @@ def test_a_throttle_after_the_cut_before_anything_got_through_cuts_again() -> No
     assert budget.events == 2
 
 
-def test_a_throttle_after_recovery_is_a_new_event_with_fast_convergence() -> None:
+def test_a_throttle_after_recovery_is_a_new_event_cut_by_the_refused_share() -> None:
+    """One 503 among 80 answers a second: the overload is about 1 %, and so is the cut
+    (fast convergence gives way by half as much again)."""
     budget = _steady(100.0, at_s=10.0)
     _traffic(budget, 80.0, 10.0, 13.0)  # sent after the cut, accepted: recovered
     assert budget.on_throttle(13.0, 13.0)
-    # accepted 80/s < w_max 100: w_max = 80 * (1 + 0.8) / 2, gives way to other gateways
-    assert budget.w_max_per_s == pytest.approx(80.0 * 0.9, rel=0.05)
-    assert budget.rate_per_s == pytest.approx(0.8 * budget.w_max_per_s)
+    cut = 1 - 1 / 81
+    # accepted 80/s < w_max 100: w_max = 80 * (1 + cut) / 2, gives way to other gateways
+    assert budget.w_max_per_s == pytest.approx(80.0 * (1 + cut) / 2, rel=0.01)
+    assert budget.rate_per_s == pytest.approx(cut * budget.w_max_per_s, rel=0.01)
+
+
+def test_a_heavy_overload_is_cut_by_beta_at_most() -> None:
+    """Half the last second's answers refused: the cut is ``beta`` (0.8), not half."""
+    budget = _steady(100.0, at_s=10.0)
+    _traffic(budget, 80.0, 10.0, 12.5)
+    for i in range(40):  # the last half second: 80/s, every other one refused
+        t = 12.5 + i / 80
+        if i % 2:
+            budget.on_throttle(10.0, t)  # sent before the last cut: the same old event
+        else:
+            budget.on_success(t, t)
+    assert budget.on_throttle(13.0, 13.0)
+    assert budget.rate_per_s == pytest.approx(0.8 * budget.w_max_per_s, rel=0.01)
 
 
 # -- CUBIC recovery and probing ----------------------------------------------------------------
@@ -220,3 +237,54 @@ def test_rate_stays_within_floor_and_ceiling() -> None:
         budget.on_throttle(1.0 + i, 1.0 + i + 0.01)
     assert budget.rate_per_s == 2.0
     assert math.isfinite(_grow(budget, 30.0, 200.0)) and budget.rate_per_s <= 12.0
+
+
+# -- at S3's scale (issue 22) ---------------------------------------------------------------
+
+
+def test_answers_keep_only_their_window_and_measure_a_full_memory_exactly() -> None:
+    """At thousands of answers a second the memory is seconds long at most; a memory
+    that is full measures the time it covers (not a floor of 0.75 s)."""
+    answers = Answers()
+    for i in range(20_000):
+        answers.add(i / 5000, accepted=True)  # 5000/s for 4 s
+    assert sum(answers.counts(4.0)) <= 3 * 5000 + 8
+    assert answers.accepted_per_s(4.0) == pytest.approx(5000, rel=0.02)
+
+
+def test_a_throttle_within_a_round_trip_of_the_cut_is_the_same_event() -> None:
+    """Requests sent right after a cut meet the overload of those sent before it (the
+    partition's bucket is still empty): their 503s are the same congestion event."""
+    budget = AdaptiveRate(dataclasses.replace(CONFIG, initial_per_s=1000.0), 7.0)
+    _traffic(budget, 1000.0, 7.0, 10.0)
+    assert budget.on_throttle(9.9, 10.0)  # round trip 0.1 s: the event takes sends to 10.1
+    events, rate = budget.events, budget.rate_per_s
+    assert not budget.on_throttle(10.05, 10.15)
+    assert (budget.events, budget.rate_per_s) == (events, rate)
+    assert budget.on_throttle(10.2, 10.3)  # sent after the round trip: a new event
+
+
+def test_what_got_through_while_refused_raises_a_limit_measured_low() -> None:
+    """A slow start that overshot: the accepted rate of the last 3 s averages its ramp
+    (far below the limit), but of the requests sent between the first refused one and
+    the cut, the partition (empty) accepted its rate: 3500/s. The curve recovers to it."""
+    budget = AdaptiveRate(dataclasses.replace(CONFIG, initial_per_s=500.0), 0.0)
+    t = 0.0
+    for rate in (500.0, 1000.0, 2000.0):  # the ramp: a second at each rate
+        _traffic(budget, rate, t, t + 1.0)
+        t += 1.0
+    sent, accepted = [], 0.0
+    for i in range(int(0.05 * 7000)):  # 7000/s for 50 ms: half of them get through
+        s = t + i / 7000
+        accepted += 3500 / 7000
+        sent.append((s, accepted >= 1.0))
+        accepted -= accepted >= 1.0
+    budget.on_throttle(sent[0][0] + 0.001, sent[0][0] + 0.05)  # the first 503: a cut
+    assert budget.w_max_per_s is not None and budget.w_max_per_s < 2500
+    for s, ok in sent[1:]:
+        if ok:
+            budget.on_success(s, s + 0.05)
+        else:
+            budget.on_throttle(s, s + 0.05)
+    budget.on_success(t + 0.2, t + 0.25)  # a request sent after the cut: it is known
+    assert budget.w_max_per_s == pytest.approx(3500, rel=0.05)

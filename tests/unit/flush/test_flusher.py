@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeUpstream, claim_pending, until_changed
+from flowkit import fixed_gate
 
 from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.flush.backoff import Backoff
-from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
 from gateway.flush.lanes import LaneConfig
 from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
@@ -30,10 +30,8 @@ from gateway.store.queue import FlushQueue
 from gateway.store.uploads import Part, Upload, UploadJournal
 from gateway.upstream.classify import Fatal, Retryable, Throttled
 
-# Flow control out of the way: these tests are about the write-back, not the rate (a budget
-# starting at 1M/s, never cut below 1000/s); tests/unit/flush/test_admission.py and
-# tests/sim are about the rate.
-FAST_FLOW = RateConfig(initial_per_s=1e6, floor_per_s=1000.0)
+# Flow control out of the way (flowkit.FAST_FLOW): these tests are about the write-back,
+# not the rate; tests/unit/flush/test_admission.py, test_gate.py and tests/sim are.
 
 BUCKET = "ckpt"
 
@@ -82,15 +80,9 @@ def _flusher(
     clock: Clock | None = None,
     concurrency: int = 4,
 ) -> Flusher:
-    return Flusher(
-        journal,
-        blobs,
-        upstream,
-        clock or SystemClock(),
-        concurrency=concurrency,
-        backoff=_backoff(),
-        flow=FAST_FLOW,
-    )
+    clock = clock or SystemClock()
+    gate = fixed_gate(clock, concurrency=concurrency, backoff=_backoff())
+    return Flusher(journal, blobs, upstream, clock, gate=gate, backoff=_backoff())
 
 
 @contextlib.asynccontextmanager
@@ -248,7 +240,10 @@ async def test_flusher_uploads_multipart_object_with_its_part_boundaries(
         assert unused == []
         await _drained(journal)
 
-    assert upstream.log == [("put_multipart", BUCKET, "big.bin")]
+    # One request per part, all in flight at once (the order they land in varies).
+    ops = [op for op, _, _ in upstream.log]
+    assert ops[0] == "create_multipart" and ops[-1] == "complete_multipart"
+    assert sorted(ops[1:-1]) == ["upload_part"] * 3
     assert upstream.body(BUCKET, "big.bin") == b"".join(bodies)
     assert upstream.multipart_parts[(BUCKET, "big.bin")] == [len(b) for b in bodies]
     done = await journal.get(BUCKET, "big.bin")
@@ -337,9 +332,9 @@ async def test_flusher_throttle_retry_delay_does_not_grow_with_attempts(
         Throttled("503"), Throttled("503"), Throttled("503"), Retryable("500"), Retryable("500")
     )
     backoff = _RecordingBackoff()
-    flusher = Flusher(  # budget cuts stay fast (FAST_FLOW's floor): only backoff matters
-        journal, blobs, upstream, SteppingClock(), concurrency=4, backoff=backoff, flow=FAST_FLOW
-    )
+    clock = SteppingClock()  # budget cuts stay fast (FAST_FLOW's floor): only backoff matters
+    gate = fixed_gate(clock, concurrency=4, backoff=backoff)
+    flusher = Flusher(journal, blobs, upstream, clock, gate=gate, backoff=backoff)
 
     async with _running(flusher):
         await _write(journal, blobs, "hot/prefix", b"payload")
@@ -403,9 +398,9 @@ async def test_flusher_sleeps_while_its_lane_is_full(
     """One upload held in flight fills the lane: writes into it wake nobody, and the loop
     does not look again until the upload ends (counted rounds, no timing)."""
     upstream.put_gate = asyncio.Event()
-    flusher = Flusher(
-        journal, blobs, upstream, SystemClock(), backoff=_backoff(), lanes=LaneConfig(concurrency=1)
-    )
+    clock = SystemClock()
+    gate = fixed_gate(clock, flow=None, lanes=LaneConfig(concurrency=1))
+    flusher = Flusher(journal, blobs, upstream, clock, gate=gate, backoff=_backoff())
     async with _running(flusher):
         await _write(journal, blobs, "lane/first", b"held")
         await asyncio.wait_for(upstream.put_arrived.wait(), WAIT_S)

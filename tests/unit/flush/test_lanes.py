@@ -70,16 +70,12 @@ def _ticket(lane: Lane, order: int = 0, requests: int = 1, size_bytes: int = 0) 
     return ticket
 
 
-def test_lane_has_room_counts_in_flight_and_claimed_now() -> None:
-    lane = _lane(concurrency=3)
-    assert lane.has_room(100.0, 0)
-    assert lane.has_room(100.0, 2)
-    assert not lane.has_room(100.0, 3)
-    lane.in_flight = 2
-    assert lane.has_room(100.0, 0)
-    assert not lane.has_room(100.0, 1)
-    lane.in_flight = 3
-    assert not lane.has_room(100.0, 0)
+def test_lane_is_paused_until_its_retry_after_ends() -> None:
+    lane = _lane()
+    assert not lane.is_paused(100.0)
+    lane.paused_until_s = 110.0
+    assert lane.is_paused(109.9)
+    assert not lane.is_paused(110.0)
 
 
 def test_lane_waiting_requests_come_out_oldest_first() -> None:
@@ -121,8 +117,8 @@ def test_lane_pause_holds_it_and_shows_in_status() -> None:
     lane = _lane()
     lane.paused_until_s = 105.0
     assert lane.wait_s(_ticket(lane), 101.0) == pytest.approx(4.0)
-    assert not lane.has_room(104.99, 0)
-    assert lane.has_room(105.0, 0)
+    assert lane.is_paused(104.99)
+    assert not lane.is_paused(105.0)
     assert lane.status(101.0, 50.0).paused_until_s == 105.0
     assert lane.status(105.0, 50.0).paused_until_s is None
 
@@ -171,23 +167,36 @@ def test_lanes_peek_has_no_side_effects() -> None:
     assert lanes.budgets() == []
 
 
+def _in_flight(lanes: Lanes, keys: list[str], now_s: float) -> list[Ticket]:
+    """One request per key admitted and sent at ``now_s``."""
+    tickets = [
+        lanes.submit(lanes.lane_for("b", k, now_s), i, 1, 0, now_s) for i, k in enumerate(keys)
+    ]
+    granted, _ = lanes.pump(now_s)
+    assert granted == tickets
+    for ticket in tickets:
+        lanes.on_sent(ticket, now_s)
+    return tickets
+
+
 def test_lanes_retry_after_pauses_the_lane_and_never_shortens_a_pause() -> None:
     lanes = Lanes(LaneConfig(depth=1))
-    lane = lanes.lane_for("b", "hot/1", 100.0)
-    lanes.on_unsent_throttle(lane, 100.0, 10.0)
-    lanes.on_unsent_throttle(lane, 101.0, 1.0)
+    first, second = _in_flight(lanes, ["hot/1", "hot/2"], 100.0)
+    lanes.on_answer(first, 100.0, throttled=True, retry_after_s=10.0)
+    lanes.on_answer(second, 101.0, throttled=True, retry_after_s=1.0)
+    lane = first.lane
     assert lane.paused_until_s == 110.0
-    assert lanes.lane_for("b", "hot/2", 105.0) is lane
-    assert not lane.has_room(105.0, 0)
+    assert lanes.lane_for("b", "hot/3", 105.0) is lane
+    assert lane.is_paused(105.0)
     assert lane.throttles == 2
 
 
 @pytest.mark.parametrize("retry_after_s", [None, 0.0])
 def test_lanes_throttle_without_retry_after_does_not_pause(retry_after_s: float | None) -> None:
     lanes = Lanes(LaneConfig(depth=1))
-    lane = lanes.lane_for("b", "hot/1", 100.0)
-    lanes.on_unsent_throttle(lane, 100.0, retry_after_s)
-    assert lane.has_room(100.0, 0)
+    [ticket] = _in_flight(lanes, ["hot/1"], 100.0)
+    lanes.on_answer(ticket, 100.0, throttled=True, retry_after_s=retry_after_s)
+    assert not ticket.lane.is_paused(100.0)
     assert lanes.status(100.0)[0].paused_until_s is None
 
 
@@ -220,10 +229,11 @@ def test_lanes_forgetting_keeps_paused_waiting_and_recently_throttled_lanes(
 ) -> None:
     monkeypatch.setattr(lanes_module, "_MAX_IDLE_LANES", 2)
     lanes = Lanes(LaneConfig(depth=1))
-    hot = lanes.lane_for("b", "hot/x", 0.0)
-    lanes.on_unsent_throttle(hot, 0.0, 60.0)  # paused a minute; its row waits in backoff
+    [ticket] = _in_flight(lanes, ["hot/x"], 0.0)
+    lanes.on_answer(ticket, 0.0, throttled=True, retry_after_s=60.0)  # paused a minute
+    hot = ticket.lane
     waiting = lanes.lane_for("b", "waiting/x", 0.5)
     lanes.submit(waiting, 1, 1, 0, 0.5)
     lanes.lane_for("b", "third/x", 2.0)  # over the limit: idle lanes are forgotten
-    assert lanes.peek("b", "hot/y") is hot and not hot.has_room(3.0, 0)
+    assert lanes.peek("b", "hot/y") is hot and hot.is_paused(3.0)
     assert lanes.peek("b", "waiting/y") is waiting

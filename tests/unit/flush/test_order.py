@@ -425,7 +425,7 @@ async def test_lane_in_flight_counts_against_the_round(journal: Journal) -> None
 
 async def test_lane_paused_by_retry_after_is_skipped(journal: Journal) -> None:
     rig = _policy(depth=1)
-    rig.lanes.on_unsent_throttle(rig.lanes.lane_for(BUCKET, "hot/x", T0), T0, 30.0)
+    rig.lanes.lane_for(BUCKET, "hot/x", T0).paused_until_s = T0 + 30.0  # Retry-After: 30
     await _put(journal, "hot/1")
     await _put(journal, "cold/1")
     claimed = await _claim(journal, rig, T0 + 1.0)
