@@ -64,6 +64,7 @@ def install(app: web.Application, side: PeerSide) -> None:
     app.router.add_route("POST", PATH_PREFIX + "{op}", json_op)
     app.router.add_route("POST", PATH_PREFIX + "replica/{op}", json_op)
     app.router.add_route("PUT", PATH_PREFIX + "replica/body", api_replicas.replica_body)
+    app.router.add_route("PUT", PATH_PREFIX + "replica/commit", api_replicas.replica_commit_body)
     app.router.add_route("GET", PATH_PREFIX + "object", read_object)
     app.router.add_route("HEAD", PATH_PREFIX + "object", read_object)
 

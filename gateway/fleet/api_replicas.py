@@ -6,7 +6,8 @@ versions it still needs held. Registered by ``api.install`` when replicas are co
   is written, fsynced and staged here within the node's capacity (503 when there is no
   room: the writer leaves this holder out); answers ``{"md5", "size"}``.
 - ``POST replica/commit`` (``wire.ReplicaCommit``): ``{"missing": [stage ids]}``; empty:
-  committed (durable here before the answer).
+  committed (durable here before the answer). ``PUT replica/commit?commit=`` (the commit
+  as base64url JSON in the signed query) with a small body: staged and committed at once.
 - ``POST replica/drop`` ``{"owner", "datadir_id", "seqs"}``: those versions go.
 - ``POST replica/needed`` (asked of the writer) ``{"owner", "datadir_id", "seqs"}``:
   ``{"needed": [...]}``, the versions not yet durable upstream and not superseded here.
@@ -14,7 +15,10 @@ versions it still needs held. Registered by ``api.install`` when replicas are co
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
+import json
 import logging
 from typing import Any
 
@@ -101,11 +105,34 @@ async def _stage_inline(
     return web.json_response({"md5": md5, "size": len(body)})
 
 
+async def replica_commit_body(request: web.Request) -> web.StreamResponse:
+    """A small body and its commit in one request: the body raw (checked against the
+    commit's MD5, as streamed bodies are), the commit in the signed query."""
+    side = request.app[PEER_SIDE]
+    if verified(side, request, None) is None:
+        return refused("not a signed request of this fleet")
+    size = request.content_length
+    if size is None or size > INLINE_MAX_BYTES:
+        return web.json_response({"error": "InvalidRequest"}, status=400)
+    body = await request.content.read(size + 1)
+    try:
+        raw = base64.urlsafe_b64decode(request.query.get("commit", ""))
+        commit = ReplicaCommit.from_json(json.loads(raw))
+        if len(body) != size or commit.body is not None or len(commit.stage_ids) != 1:
+            raise WireError("expected one staged body, whole, in the request's body")
+        return web.json_response(await _commit(side, dataclasses.replace(commit, body=body)))
+    except (ValueError, WireError) as exc:
+        return web.json_response({"error": "InvalidRequest", "message": str(exc)}, status=400)
+
+
 async def replica_commit(side: PeerSide, doc: Any, request: web.Request) -> Any:
+    return await _commit(side, ReplicaCommit.from_json(doc))
+
+
+async def _commit(side: PeerSide, commit: ReplicaCommit) -> dict[str, list[str]]:
     held = side.held
     if held is None:
         raise WireError("this gateway holds no replicas (--replicas 0)")
-    commit = ReplicaCommit.from_json(doc)
     if side.fleet.takeover is not None:
         side.fleet.takeover.heard_from(commit.owner, commit.datadir_id)
     expected = _expected_md5(commit)

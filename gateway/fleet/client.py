@@ -7,6 +7,7 @@ signed with the fleet secret (``auth.py``), every call with a deadline; any fail
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -42,6 +43,9 @@ READ_CHUNK_BYTES = 4 << 20
 FORWARDED = ("Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since")
 PART_HEADER = "x-gateway-part-number"
 REPLICA_HEADER = "x-gateway-replica"  # read the replica held for another, not one's own
+# A commit this long (JSON) or shorter goes in the query of a small body's request (well
+# within the listener's 16 KiB request line once base64url-encoded).
+_QUERY_DOC_BYTES = 8 << 10
 
 
 def encode_head(head: PeerHead, extra: Mapping[str, Any]) -> str:
@@ -211,11 +215,36 @@ class PeerClient:
     async def replica_commit(
         self, address: str, commit: ReplicaCommit, timeout_s: float
     ) -> list[str]:
-        answer = await self._call(address, "replica/commit", commit.to_json(), timeout_s)
+        doc = json.dumps(dataclasses.replace(commit, body=None).to_json()).encode()
+        if commit.body is not None and len(doc) <= _QUERY_DOC_BYTES:
+            # The body raw (no base64 JSON to build, sign and parse), the commit in the query.
+            answer = await self._commit_with_body(address, doc, commit.body, timeout_s)
+        else:
+            answer = await self._call(address, "replica/commit", commit.to_json(), timeout_s)
         missing = answer.get("missing") if isinstance(answer, dict) else None
         if not isinstance(missing, list):
             raise PeerUnavailable("replica commit: bad answer")
         return [str(m) for m in missing]
+
+    async def _commit_with_body(
+        self, address: str, doc: bytes, body: bytes, timeout_s: float
+    ) -> Any:
+        path = PATH_PREFIX + "replica/commit"
+        query = "commit=" + base64.urlsafe_b64encode(doc).decode("ascii")
+        headers = self._signed("PUT", path, query, None)  # the body: checked by its MD5
+        url = yarl.URL(f"{self._scheme}://{address}{path}?{query}", encoded=True)
+        try:
+            async with self._client().put(
+                url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                payload = await resp.read()
+                if resp.status != 200:
+                    raise PeerUnavailable(f"replica commit: HTTP {resp.status} {payload[:200]!r}")
+                return json.loads(payload)
+        except PeerUnavailable:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise PeerUnavailable(f"replica commit: {type(exc).__name__}: {exc}") from None
 
     async def replica_drop(
         self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float

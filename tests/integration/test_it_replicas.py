@@ -6,6 +6,9 @@ once, the commit marker after its shards.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -20,14 +23,20 @@ from botocore.exceptions import ClientError
 from fleetutil import fleet_of, until, wait_joined
 from harness import (
     REPO_ROOT,
+    UPSTREAM_SECRET_KEY,
     GatewayProcess,
     error_code,
     error_status,
+    http_request,
     payload,
     quoted_md5,
     read_body,
     upstream_client,
 )
+
+from gateway.fleet import auth
+from gateway.fleet.wire import ReplicaCommit
+from gateway.models import ObjectMeta
 
 REPLICAS = ("--replicas", "1", "--peer-timeout", "4.5")
 CONTROL = ".gateway/"
@@ -246,3 +255,38 @@ def test_the_control_prefix_is_never_listed_or_served(
         with pytest.raises(ClientError) as denied:
             call()
         assert error_code(denied.value) == "AccessDenied"
+
+
+def _commit_request(
+    gw: GatewayProcess, doc: dict[str, Any], body: bytes, secret: bytes | None
+) -> tuple[int, Any]:
+    """``PUT replica/commit`` (a small body with its commit) as a peer sends it."""
+    path = "/_gateway/peer/v1/replica/commit"
+    query = "commit=" + base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+    headers = (
+        {} if secret is None else auth.sign(secret, "PUT", path, query, "x", time.time(), None)
+    )
+    resp = http_request("PUT", f"{gw.endpoint}{path}?{query}", body=body, headers=headers)
+    return resp.status, json.loads(resp.body) if resp.body else None
+
+
+def test_a_small_body_with_its_commit_refuses_what_is_not_one(
+    trio: list[GatewayProcess], bucket: str, upstream: Any
+) -> None:
+    """A small body travels with its replica commit: unsigned, malformed, too large or
+    damaged requests are refused and hold nothing; a good one is held and, its writer
+    being no member (lost), taken over into the bucket with its ETag."""
+    a, _, _ = trio
+    secret = auth.derive_secret(UPSTREAM_SECRET_KEY)
+    body = b"a small body"
+    meta = ObjectMeta(bucket, "ghost/k", len(body), hashlib.md5(body).hexdigest(), time.time())
+    doc = ReplicaCommit("ghost", "d0", 1, meta, False, ("s1",), (), time.time()).to_json()
+    assert _commit_request(a, doc, body, None)[0] == 403
+    assert _commit_request(a, {"owner": "ghost"}, body, secret)[0] == 400
+    assert _commit_request(a, doc, bytes(65 * 1024), secret)[0] == 400
+    assert _commit_request(a, doc, b"a damaged body", secret) == (200, {"missing": ["s1"]})
+    assert not replicas_held(a)
+    assert _commit_request(a, doc, body, secret) == (200, {"missing": []})
+    assert replicas_held(a) == [("ghost", "ghost/k")]
+    until(lambda: "ghost/k" in data_objects(upstream, bucket, "ghost/"), 30)
+    assert data_objects(upstream, bucket, "ghost/")["ghost/k"]["ETag"] == quoted_md5(body)
