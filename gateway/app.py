@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fnmatch
 import functools
 import logging
 import os
@@ -48,11 +49,15 @@ from gateway.core.prefetch import Prefetcher
 from gateway.errors import S3Error
 from gateway.fleet import api as peer_api
 from gateway.fleet import auth as peer_auth
-from gateway.fleet.api import PeerSide
+from gateway.fleet.api_base import HeldReplicas, PeerSide
+from gateway.fleet.claims import Claimant, Claims
 from gateway.fleet.client import PeerClient
+from gateway.fleet.fence import LostWriters
 from gateway.fleet.membership import parse_peers
 from gateway.fleet.node import Fleet, FleetConfig
-from gateway.fleet.wire import NodeInfo
+from gateway.fleet.takeover import Takeover, TakeoverConfig, UploadClaims
+from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo
+from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
@@ -69,6 +74,7 @@ from gateway.store import origin
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.members import MemberTable
+from gateway.store.replicas import ReplicaStore
 from gateway.store.space import CacheSpace
 from gateway.store.uploads import UploadJournal
 from gateway.upstream.client import AiobotocoreUpstream, ProbeProblem
@@ -180,8 +186,10 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     if settings.is_demo:
         await _create_demo_buckets(upstream, settings.demo_bucket, found.buckets)
 
-    fleet, peer_secret = await _fleet(settings, clock, journal, upstream, stack)
+    fleet, peer_secret = await _fleet(settings, clock, journal, blobs, upstream, stack)
     flusher = _flusher(settings, clock, journal, blobs, upstream, _gate(settings, clock), fleet)
+    if fleet is not None:
+        _lost_writers(settings, journal, flusher, fleet)
     await flusher.attach()  # the pending rows, in memory, before any write can arrive
     s3 = _s3_services(
         settings, clock, journal, blobs, upstream, space, credentials, flusher, fleet, stack
@@ -221,6 +229,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
             flusher.policy,
             flusher.order,
             functools.partial(checkpoints.node_figures, flush=FlusherView(flusher)),
+            HeldReplicas(ReplicaStore(journal), blobs, space),
         )
         peer_routes = functools.partial(peer_api.install, side=side)
         admin.status_extras["fleet"] = fleet.status
@@ -363,6 +372,8 @@ def _s3_services(
 ) -> S3Services:
     buckets = BucketService(journal, blobs, upstream, clock)
     stack.push_async_callback(buckets.close)
+    # The fleet's claims live under the control prefix of each bucket: hidden from clients.
+    hidden = settings.control_prefix if fleet is not None else None
     uploads = UploadJournal(journal)
     multipart = MultipartService(
         uploads,
@@ -400,7 +411,7 @@ def _s3_services(
     return S3Services(
         objects=object_service,
         buckets=buckets,
-        listing=ListingService(journal, upstream, fleet),
+        listing=ListingService(journal, upstream, fleet, hidden),
         multipart=multipart,
         copy=CopyService(
             journal,
@@ -423,6 +434,7 @@ def _s3_services(
         clock=clock,
         max_header_bytes=settings.max_header_size_bytes,
         max_xml_body_bytes=settings.max_xml_body_bytes,
+        hidden_prefix=hidden,
     )
 
 
@@ -480,6 +492,7 @@ def _flusher(
         ),
         multipart_threshold_bytes=settings.multipart_threshold_bytes,
         marker_holds=fleet,
+        claims=fleet.claims if fleet is not None else None,
     )
 
 
@@ -487,6 +500,7 @@ async def _fleet(
     settings: Settings,
     clock: SystemClock,
     journal: Journal,
+    blobs: BlobStore,
     upstream: AiobotocoreUpstream,
     stack: contextlib.AsyncExitStack,
 ) -> tuple[Fleet | None, bytes]:
@@ -498,15 +512,20 @@ async def _fleet(
         secret = await _peer_secret(settings, upstream)
         table = MemberTable(journal)
         node_id = settings.node_id or os.environ.get("NODE_NAME") or socket.gethostname()
-        me = NodeInfo(node_id, await table.datadir_id(), clock.wall())
+        me = NodeInfo(node_id, await table.datadir_id(), clock.wall(), settings.zone)
         scheme = "https" if settings.tls_cert else "http"
         transport = PeerClient(node_id, secret, clock, scheme=scheme)
         stack.push_async_callback(transport.close)
+        listen = _split(settings.listen)
         config = FleetConfig(
-            port=_split(settings.listen).port,
+            port=listen.port,
+            self_address=f"{_reachable(listen.host)}:{listen.port}",
             lease_s=settings.peer_lease_s,
             refresh_s=settings.peer_refresh_s,
             read_timeout_s=settings.peer_read_timeout_s,
+            replicas=settings.replicas,
+            replica_strict=settings.replica_policy == "strict",
+            peer_timeout_s=settings.peer_timeout_s,
         )
 
         def has_unflushed(bucket: str, prefix: str) -> bool:
@@ -516,9 +535,81 @@ async def _fleet(
             me, config, parse_peers(settings.peers), transport, table, clock, has_unflushed
         )
         stack.push_async_callback(fleet.stop, say_bye=False)
+        if settings.replicas > 0:
+            _replicas(settings, clock, journal, blobs, upstream, fleet, transport)
         await fleet.load()
     log.info("fleet: this gateway is %s; peers from %s", node_id, settings.peers)
     return fleet, secret
+
+
+def _replicas(
+    settings: Settings,
+    clock: SystemClock,
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: AiobotocoreUpstream,
+    fleet: Fleet,
+    transport: PeerClient,
+) -> None:
+    """Replicas and takeover (docs/fleet.md, "Node loss"): the claims every upload takes,
+    the holders' loop, and (strict policy) the fence's view of lost writers."""
+
+    def is_marker(key: str) -> bool:
+        name = key.rpartition("/")[2]
+        return any(fnmatch.fnmatchcase(name, p) for p in settings.commit_markers)
+
+    me = fleet.me
+    claimant = Claimant(me.node_id, me.datadir_id, me.started_s)
+    claims = Claims(
+        upstream, claimant, settings.control_prefix, lambda *n: takeover.claimant_lost(*n)
+    )
+    takeover = Takeover(
+        me,
+        fleet.membership,
+        transport,
+        ReplicaStore(journal),
+        blobs,
+        upstream,
+        claims,
+        clock,
+        TakeoverConfig(settings.peer_timeout_s, is_marker),
+        held_bytes=lambda: journal.figures.replica_bytes,
+        wait_fleet_drained=fleet.fence.drained_everywhere,
+    )
+    fleet.takeover = takeover
+    fleet.claims = UploadClaims(claims, me)
+
+
+def _reachable(host: str) -> str:
+    """How this process reaches its own listener bound to ``host``."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _lost_writers(settings: Settings, journal: Journal, flusher: Flusher, fleet: Fleet) -> None:
+    """Strict replicas: every acknowledged write has its replicas, so a lost member's part
+    of a directory is known from them (the fence then waits on its takeover, not on it)."""
+    takeover = fleet.takeover
+    if takeover is None or settings.replica_policy != "strict":
+        return
+
+    async def local_drain(ask: DrainRequest) -> DrainAnswer:
+        left = await stuck.wait_movable(
+            journal,
+            flusher.policy,
+            ask.bucket,
+            ask.prefix,
+            journal.last_seq,
+            0.0,
+            exclude_markers=True,
+            fleet=flusher.order,
+        )
+        return DrainAnswer(fleet.me, left.objects == 0, left.objects, left.bytes)
+
+    fleet.fence.lost = LostWriters(takeover.is_lost, takeover.owner_answer, local_drain)
 
 
 async def _peer_secret(settings: Settings, upstream: AiobotocoreUpstream) -> bytes:

@@ -16,7 +16,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from gateway.cli import AdminClient, AdminError, human_duration
+from gateway.cli import AdminClient, AdminError, human_bytes, human_duration
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_NOTHING = 0, 1, 4
 COMMANDS = ("fleet", "release")
@@ -125,6 +125,14 @@ def format_fleet(data: dict[str, Any]) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if len(rows) == 1:
         lines.append("(no other member known yet)")
+    replicas = data.get("replicas")
+    if replicas:
+        lines += ["", f"replicas: {replicas['copies']} per write ({replicas['policy']})"]
+        for h in replicas.get("held_for") or []:
+            lost = " (lost: being taken over)" if h.get("writer_lost") else ""
+            lines.append(
+                f"  held for {h['writer']}: {h['objects']} objects, {human_bytes(h['bytes'])}{lost}"
+            )
     held = data.get("held_markers") or []
     lines.append("")
     if held:

@@ -238,6 +238,18 @@ class Settings:
     peer_refresh_s: float = 10.0
     # A peer read's deadline (its answer's head): past it the read does without that peer.
     peer_read_timeout_s: float = 2.0
+    # -- node loss (issue 21; docs/fleet.md) -------------------------------------------------
+    # Acknowledge a write only when it is fsynced here and on this many members (0: here).
+    replicas: int = 0
+    # Fewer members than --replicas can take a replica: strict answers 503 SlowDown,
+    # degrade acknowledges with fewer copies (counted, and said in the PUT's answer).
+    replica_policy: str = "strict"
+    # This node's failure domain: replicas go to members of other zones first.
+    zone: str | None = None
+    # A member silent this long is lost: the members holding its replicas upload them.
+    peer_timeout_s: float = 30.0
+    # The fleet's own objects in each bucket (claims of takeovers): never listed to clients.
+    control_prefix: str = ".gateway/"
 
     @property
     def fsync(self) -> bool:
@@ -365,6 +377,11 @@ GROUPS: tuple[tuple[str, dict[str, Option]], ...] = (
             "peer_lease_s": Option(float, _SECONDS, "lease on a peer's directory"),
             "peer_refresh_s": Option(float, _SECONDS, "re-resolve --peers"),
             "peer_read_timeout_s": Option(float, _SECONDS, "a read waits for a peer"),
+            "replicas": Option(int, "N", "copies on members before the ack"),
+            "replica_policy": Option(_choice("strict", "degrade"), "POLICY", "strict|degrade"),
+            "zone": Option(str, "ZONE", "failure domain; none: one"),
+            "peer_timeout_s": Option(float, _SECONDS, "silent this long: lost"),
+            "control_prefix": Option(str, "PREFIX", "the fleet's objects in buckets"),
         },
     ),
     (
@@ -542,6 +559,12 @@ def _validate_limits(settings: Settings) -> None:
         raise ConfigError("peer-lease and peer-refresh must be positive")
     if settings.peer_read_timeout_s <= 0:
         raise ConfigError("peer-read-timeout must be positive")
+    if settings.replicas < 0 or (settings.replicas > 0 and settings.peers is None):
+        raise ConfigError("replicas must be 0, or at least 1 with --peers (members to hold them)")
+    if settings.peer_timeout_s < 3 * settings.peer_lease_s:
+        raise ConfigError("peer-timeout must be at least 3 times peer-lease")
+    if not settings.control_prefix.endswith("/") or len(settings.control_prefix) < 2:
+        raise ConfigError("control-prefix must be a prefix ending in / (e.g. .gateway/)")
     for name in ("credentials_file", "admin_token_file", "tls_cert", "tls_key", "peer_secret_file"):
         path = getattr(settings, name)
         if path is not None and not path.exists():

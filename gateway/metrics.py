@@ -231,3 +231,27 @@ FLEET_HELD_MARKERS = Gauge(
     "Commit markers held until every member of the fleet drained their directory",
     registry=REGISTRY,
 )
+
+# -- replicas and takeover (issue 21) --------------------------------------------------------
+REPLICA_DEGRADED = Counter(
+    "gateway_replica_degraded_acks",
+    "Writes acknowledged with fewer replicas than --replicas (--replica-policy degrade)",
+    registry=REGISTRY,
+)
+REPLICA_HELD_BYTES = Gauge(
+    "gateway_replica_held_bytes",
+    "Bytes of replicas this node holds for other gateways of its fleet (staged or committed)",
+    registry=REGISTRY,
+)
+REPLICA_LAG_S = Histogram(
+    "gateway_replica_lag_seconds",
+    "Time a write spends making its replicas: from its local commit to its last replica "
+    "commit (the part of the ack latency replicas add after the body)",
+    buckets=_LATENCY_BUCKETS_S,
+    registry=REGISTRY,
+)
+TAKEOVERS = Counter(
+    "gateway_takeovers",
+    "Versions of a lost gateway this node uploaded from its replicas (it won their claim)",
+    registry=REGISTRY,
+)

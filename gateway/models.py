@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class FlushState(StrEnum):
@@ -161,3 +161,32 @@ class ObjectAttributes:
     part_number_marker: int = 0
     max_parts: int = 1000
     is_truncated: bool = False
+
+
+def meta_to_json(meta: ObjectMeta) -> dict[str, Any]:
+    return {
+        "bucket": meta.bucket,
+        "key": meta.key,
+        "size": meta.size_bytes,
+        "etag": meta.etag,
+        "last_modified_s": meta.last_modified_s,
+        "content_type": meta.content_type,
+        "user_metadata": dict(meta.user_metadata),
+        "headers": dict(meta.headers),
+        "checksums": dict(meta.checksums),
+    }
+
+
+def meta_from_json(doc: Mapping[str, Any]) -> ObjectMeta:
+    """Raises KeyError, TypeError or ValueError when malformed."""
+    return ObjectMeta(
+        bucket=str(doc["bucket"]),
+        key=str(doc["key"]),
+        size_bytes=int(doc["size"]),
+        etag=str(doc["etag"]),
+        last_modified_s=float(doc["last_modified_s"]),
+        content_type=str(doc["content_type"]),
+        user_metadata={str(k): str(v) for k, v in dict(doc["user_metadata"]).items()},
+        headers={str(k): str(v) for k, v in dict(doc["headers"]).items()},
+        checksums={str(k): str(v) for k, v in dict(doc["checksums"]).items()},
+    )

@@ -73,12 +73,11 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     try:
         return loop.run_until_complete(main)
     finally:
-        left = asyncio.all_tasks(loop)
-        for task in left:
-            task.cancel()
-        loop.run_until_complete(_reap(left))
+        for _ in range(100):  # 3.11's wait_for can swallow a cancellation: again
+            left = {t for t in asyncio.all_tasks(loop) if not t.done()}
+            if not left:
+                break
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.wait(left, timeout=1.0))
         loop.close()
-
-
-async def _reap(tasks: set[asyncio.Task[Any]]) -> None:
-    await asyncio.gather(*tasks, return_exceptions=True)

@@ -31,7 +31,7 @@ from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.ingest import validate_key
 from gateway.core.multipart import MAX_PART_NUMBER, MultipartService
-from gateway.core.writes import fleet_writing
+from gateway.core.writes import fleet_writing, replicate_local
 from gateway.errors import (
     IncompleteBody,
     InternalError,
@@ -138,8 +138,14 @@ class CopyService:
         source = await self._journal.get(req.source_bucket, req.source_key)
         size_bytes = source.meta.size_bytes if source is not None else 0
         async with fleet_writing(self._fleet, req.bucket, req.key) as announced:
+            replica = self._fleet.replicate(req.bucket, req.key) if self._fleet else None
             await announced  # before anything can commit
-            return await admitted(self._space, size_bytes, self._copy_object(req))
+            meta = await admitted(self._space, size_bytes, self._copy_object(req))
+        if replica is not None:  # the copy's bodies go to its holders from this node's disk
+            row = await self._journal.get(req.bucket, req.key)
+            if row is not None and row.meta.etag == meta.etag:
+                await replicate_local(replica, row, self._blobs)
+        return meta
 
     async def _copy_object(self, req: CopyObjectRequest) -> ObjectMeta:
         validate_key(req.key)

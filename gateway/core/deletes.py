@@ -9,15 +9,16 @@ is a success (the tombstone still goes upstream: the upstream may hold an older 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.ingest import validate_key
-from gateway.core.writes import fleet_writing_all
+from gateway.core.writes import commit_replicas, fleet_writing_all
 from gateway.errors import S3Error, S3NotImplemented
-from gateway.fleet.view import FleetView
+from gateway.fleet.view import FleetView, ReplicaWriter
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 
@@ -66,11 +67,23 @@ class DeleteService:
         outcomes = [DeleteOutcome(entry, _refusal(entry)) for entry in entries]
         keys = list(dict.fromkeys(o.entry.key for o in outcomes if o.error is None))
         if keys:
+            replicas = [self._fleet.replicate(bucket, k) for k in keys] if self._fleet else []
             async with fleet_writing_all(self._fleet, bucket, keys) as announced:
                 await announced
                 superseded = await self._journal.commit_deletes(bucket, keys, self._clock.wall())
             await self._blobs.discard(superseded)
+            await self._replicate_deletes(bucket, [r for r in replicas if r is not None])
         return outcomes
+
+    async def _replicate_deletes(self, bucket: str, replicas: Sequence[ReplicaWriter]) -> None:
+        """With replicas: each delete committed on its holders before the answer."""
+
+        async def one(replica: ReplicaWriter) -> None:
+            row = await self._journal.get(bucket, replica.key)
+            if row is not None and row.is_delete:
+                await commit_replicas(replica, replica.holders, row, is_delete=True)
+
+        await asyncio.gather(*(one(r) for r in replicas))
 
 
 def _refusal(entry: DeleteEntry) -> S3Error | None:

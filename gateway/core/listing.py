@@ -93,14 +93,28 @@ async def _local(
 
 
 async def _remote(
-    upstream: Upstream, bucket: str, prefix: str, delimiter: str, after: str
+    upstream: Upstream,
+    bucket: str,
+    prefix: str,
+    delimiter: str,
+    after: str,
+    hidden: str | None = None,
 ) -> AsyncGenerator[_Item, None]:
+    """The upstream's listing as items; everything under ``hidden`` (the fleet's control
+    prefix) is skipped with one seek past it."""
     cursor = after
     while True:
         entries, truncated = await upstream.list_page(bucket, prefix, delimiter, cursor, _BATCH)
+        seek = None
         for entry in entries:
+            if hidden is not None and entry.name.startswith(hidden):
+                seek = hidden + _AFTER_ALL
+                break
             if entry.name > cursor:
                 yield _Item(entry)
+        if seek is not None and seek > cursor:
+            cursor = seek
+            continue
         if not truncated or not entries:
             return
         last = entries[-1]
@@ -183,6 +197,7 @@ async def list_objects(
     after: str,
     max_keys: int,
     fleet: FleetView | None = None,
+    hidden: str | None = None,
 ) -> ListPage:
     """One page of the merged listing: at most ``max_keys`` keys and prefixes after ``after``
     (in a fleet, the unflushed rows of peers that may hold any under ``prefix`` count as
@@ -194,7 +209,7 @@ async def list_objects(
     if fleet is not None and nodes:
         peer_rows = _peers(fleet, nodes, bucket, prefix, delimiter, after)
         local = _newest(local, peer_rows)
-    remote = _remote(upstream, bucket, prefix, delimiter, after)
+    remote = _remote(upstream, bucket, prefix, delimiter, after, hidden)
     lhs = await anext(local, None)
     rhs = await anext(remote, None)
     out: list[ListEntry] = []
@@ -226,11 +241,17 @@ class ListingService:
     """ListObjects(V2) over the merged local + upstream view (see the module docstring)."""
 
     def __init__(
-        self, journal: Journal, upstream: Upstream, fleet: FleetView | None = None
+        self,
+        journal: Journal,
+        upstream: Upstream,
+        fleet: FleetView | None = None,
+        hidden_prefix: str | None = None,
     ) -> None:
         self._journal = journal
         self._upstream = upstream
         self._fleet = fleet
+        # The fleet's own objects (--control-prefix): never listed to clients.
+        self._hidden = hidden_prefix
 
     async def list_objects(
         self, bucket: str, *, prefix: str, delimiter: str, after: str, max_keys: int
@@ -244,4 +265,5 @@ class ListingService:
             after=after,
             max_keys=max_keys,
             fleet=self._fleet,
+            hidden=self._hidden,
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,7 +24,7 @@ from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
 from gateway.core.ingest import ingest_file, validate_key
-from gateway.core.writes import fleet_writing
+from gateway.core.writes import TeeBody, commit_replicas, fleet_writing, replicas_aborted
 from gateway.errors import (
     BadDigest,
     EntityTooSmall,
@@ -35,7 +35,7 @@ from gateway.errors import (
     NoSuchKey,
     NoSuchUpload,
 )
-from gateway.fleet.view import FleetView
+from gateway.fleet.view import FleetView, ReplicaWriter
 from gateway.models import LocalObject, ObjectMeta, PartRef, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import RowCheck
@@ -164,7 +164,22 @@ class MultipartService:
     async def _put_part(
         self, req: PutRequest, upload_id: str, part_number: int, body: RequestBody
     ) -> Part:
-        blob, checksums = await ingest_file(self._blobs, req, body, max_bytes=self._max_part_bytes)
+        # With replicas: the part is staged on the key's holders too before its ack; the
+        # completion commits it there (docs/fleet.md, "Node loss").
+        replica = self._replica(req.bucket, req.key, (upload_id, part_number))
+        with replicas_aborted(replica):
+            blob, checksums = await ingest_file(
+                self._blobs,
+                req,
+                body if replica is None else TeeBody(body, replica),
+                max_bytes=self._max_part_bytes,
+            )
+        if replica is not None:
+            try:
+                await replica.staged(blob.digests["md5"].hex(), blob.size_bytes)
+            except BaseException:
+                await self._blobs.discard([blob.blob_id])
+                raise
         part = Part(
             part_number,
             blob.blob_id,
@@ -245,14 +260,42 @@ class MultipartService:
             for p in chosen
         )
         async with fleet_writing(self._fleet, bucket, key) as announced:
+            replica = self._replica(bucket, key)
             await announced
             row, discard = await self._uploads.complete(
                 upload_id, meta, refs, self._clock.wall(), check
+            )
+        if replica is not None:  # the parts staged on the holders become the version there
+            await commit_replicas(
+                replica,
+                replica.holders,
+                row,
+                stage_ids=[f"{upload_id}.{p.part_number}" for p in chosen],
+                parts=[(p.size_bytes, p.etag) for p in chosen],
+                resend=self._part_body(upload_id, chosen),
             )
         if self._listener is not None:
             self._listener.upload_completed(upload, row, chosen)
         await self._blobs.discard(discard)
         return meta
+
+    def _replica(
+        self, bucket: str, key: str, upload: tuple[str, int] | None = None
+    ) -> ReplicaWriter | None:
+        return None if self._fleet is None else self._fleet.replicate(bucket, key, upload)
+
+    def _part_body(
+        self, upload_id: str, parts: Sequence[Part]
+    ) -> Callable[[str], AsyncIterator[bytes]]:
+        """A part's body from this node's disk, for a holder that did not stage it (it
+        joined after the part, or lost it): ``<upload id>.<part number>``."""
+        by_id = {f"{upload_id}.{p.part_number}": p for p in parts}
+
+        async def body(stage_id: str) -> AsyncIterator[bytes]:
+            async for chunk in self._blobs.read_chunks(by_id[stage_id].blob_id):
+                yield chunk
+
+        return body
 
     async def completed(self, bucket: str, key: str, upload_id: str) -> ObjectMeta | None:
         """What a completed ``upload_id`` answered, if the key's object is still the one it

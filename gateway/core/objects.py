@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from gateway import metrics
 from gateway.clock import Clock
@@ -31,9 +31,9 @@ from gateway.core.heads import ObjectBody, ObjectHead, ReadOptions
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.integrity import MEMO_ENTRIES, BlobVerifier, blob_checks
 from gateway.core.ranges import ByteRange, parse_content_range, part_range, resolve_range
-from gateway.core.writes import fleet_writing
+from gateway.core.writes import TeeBody, commit_replicas, fleet_writing, replicas_aborted
 from gateway.errors import InternalError, InvalidRange, NoSuchKey, NotModified
-from gateway.fleet.view import FleetView, PeerError, PeerHead
+from gateway.fleet.view import FleetView, Holder, PeerError, PeerHead, ReplicaWriter
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore, Ingested
 from gateway.store.integrity import body_digests, check_bytes
@@ -93,14 +93,20 @@ class ObjectService:
 
     async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:
         async with fleet_writing(self._fleet, req.bucket, req.key) as announced:
-            blob, checksums = await ingest(
-                self._blobs,
-                req,
-                body,
-                max_bytes=self._max_object_bytes,
-                inline_max_bytes=self._inline_max_bytes,
+            replica = (
+                self._fleet.replicate(req.bucket, req.key, size_hint=req.content_length)
+                if self._fleet
+                else None
             )
-            return await self._commit_put(req, blob, checksums, check, announced)
+            with replicas_aborted(replica):
+                blob, checksums = await ingest(
+                    self._blobs,
+                    req,
+                    body if replica is None else TeeBody(body, replica),
+                    max_bytes=self._max_object_bytes,
+                    inline_max_bytes=self._inline_max_bytes,
+                )
+            return await self._commit_put(req, blob, checksums, check, announced, replica)
 
     async def _commit_put(
         self,
@@ -109,8 +115,12 @@ class ObjectService:
         checksums: Mapping[str, str],
         check: RowCheck | None,
         announced: Awaitable[None],
+        replica: ReplicaWriter | None = None,
     ) -> ObjectMeta:
         try:
+            holders: Sequence[Holder] = ()
+            if replica is not None:  # durable on the holders before anything commits here
+                holders = await replica.staged(blob.digests["md5"].hex(), blob.size_bytes)
             await announced  # the fleet knows the key's directory before it is acked
             meta = ObjectMeta(
                 bucket=req.bucket,
@@ -123,13 +133,15 @@ class ObjectService:
                 headers=req.headers,
                 checksums=checksums,
             )
-            _, superseded = await self._journal.commit_put(
+            row, superseded = await self._journal.commit_put(
                 meta, blob.blob_id, self._clock.wall(), check, crc32c=blob.crc32c, body=blob.body
             )
         except BaseException:
             await asyncio.shield(self._blobs.discard(blob.blob_ids))
             raise
         await self._blobs.discard(superseded)
+        if replica is not None:  # committed here; acknowledged once committed there too
+            await commit_replicas(replica, holders, row, stage_ids=[replica.stage_id])
         return meta
 
     async def write_guard(self, bucket: str, key: str, cond: Preconditions) -> RowCheck | None:
@@ -166,9 +178,12 @@ class ObjectService:
         validate_key(key)
         await self._buckets.require(bucket)
         async with fleet_writing(self._fleet, bucket, key) as announced:
+            replica = self._fleet.replicate(bucket, key) if self._fleet else None
             await announced
-            _, superseded = await self._journal.commit_delete(bucket, key, self._clock.wall())
+            row, superseded = await self._journal.commit_delete(bucket, key, self._clock.wall())
         await self._blobs.discard(superseded)
+        if replica is not None:
+            await commit_replicas(replica, replica.holders, row, is_delete=True)
 
     async def head_object(self, bucket: str, key: str, read: ReadOptions = _WHOLE) -> ObjectHead:
         validate_key(key)
@@ -239,20 +254,43 @@ class ObjectService:
         or None when this node's row or the bucket has the version to serve."""
         if self._fleet is None:
             return None
+        headers = peers.forward_headers(read)
         nodes = self._fleet.candidates(bucket, key)
         if not nodes:
-            return None  # the usual case: no peer has anything unflushed in that directory
+            # A writer that cannot answer may hold it: its replicas can (--replicas).
+            if peers.is_unflushed(local):
+                return None
+            return await self._from_replicas(bucket, key, method, headers)
         node = await peers.newest_source(self._fleet, nodes, bucket, key, local)
         if node is None:
             return None
         try:
-            found = await self._fleet.read(node, bucket, key, method, peers.forward_headers(read))
+            found = await self._fleet.read(node, bucket, key, method, headers)
         except PeerError as exc:
             peers.raise_peer_error(exc)
         if found is None:
-            return None
+            # Not held there, or it did not answer: its replicas may (--replicas).
+            return (
+                None
+                if peers.is_unflushed(local)
+                else await self._from_replicas(bucket, key, method, headers)
+            )
         metrics.PEER_READS.inc()
         return peers.as_body(found)
+
+    async def _from_replicas(
+        self, bucket: str, key: str, method: str, headers: Mapping[str, str]
+    ) -> ObjectBody | None:
+        assert self._fleet is not None
+        for node in self._fleet.replica_candidates(bucket, key):
+            try:
+                found = await self._fleet.read(node, bucket, key, method, headers, replica=True)
+            except PeerError as exc:
+                peers.raise_peer_error(exc)
+            if found is not None:
+                metrics.PEER_READS.inc()
+                return peers.as_body(found)
+        return None
 
     async def _peer_version(
         self, bucket: str, key: str, local: LocalObject | None
@@ -276,6 +314,15 @@ class ObjectService:
         """This node's row of ``key`` if it is not durable upstream (the peer API)."""
         row = await self._journal.get(bucket, key)
         return row if peers.is_unflushed(row) else None
+
+    async def replica_read(
+        self, row: LocalObject, read: ReadOptions, *, with_body: bool
+    ) -> ObjectBody | None:
+        """A peer's read of a replica this node holds for another gateway (``row`` made
+        from it): as ``peer_read``, from the replica's bodies. None: they vanished."""
+        if not with_body:
+            return ObjectBody(select(row, read), NoBody())
+        return await self._serve_local(row, read)
 
     async def peer_read(
         self, bucket: str, key: str, read: ReadOptions, *, with_body: bool

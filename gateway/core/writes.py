@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
-from gateway.fleet.view import FleetView
+from gateway import metrics
+from gateway.fleet.view import FleetView, Holder, ReplicaWriter
+from gateway.models import LocalObject, RequestBody
+from gateway.store.blobs import BlobStore
 
 
 def _done() -> asyncio.Future[None]:
@@ -63,3 +67,78 @@ async def fleet_writing_all(
 async def _all(waits: Sequence[Awaitable[None]]) -> None:
     for wait in waits:
         await wait
+
+
+class TeeBody:
+    """A request body whose chunks also stream to the write's replica holders."""
+
+    def __init__(self, body: RequestBody, replica: ReplicaWriter) -> None:
+        self._body = body
+        self._replica = replica
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._replica.tee(self._body.chunks())
+
+    @property
+    def trailers(self) -> Mapping[str, str]:
+        return self._body.trailers
+
+
+@contextlib.contextmanager
+def replicas_aborted(replica: ReplicaWriter | None) -> Iterator[None]:
+    """A write that fails here stops its replica streams (holders drop what they got)."""
+    try:
+        yield
+    except BaseException:
+        if replica is not None:
+            replica.abort()
+        raise
+
+
+async def commit_replicas(
+    replica: ReplicaWriter,
+    holders: Sequence[Holder],
+    row: LocalObject,
+    *,
+    is_delete: bool = False,
+    stage_ids: Sequence[str] = (),
+    parts: Sequence[tuple[int, str]] = (),
+    resend: Callable[[str], AsyncIterator[bytes]] | None = None,
+) -> None:
+    """Commit the version ``row`` (committed here) on its holders before the ack: under
+    the strict policy SlowDown when too few commit (the version stays here, its client
+    retries), under degrade fewer copies are acknowledged (and counted)."""
+    started_s = time.monotonic()
+    await replica.commit(
+        holders,
+        row.seq,
+        row.meta,
+        row.acked_s,
+        is_delete=is_delete,
+        stage_ids=stage_ids,
+        parts=parts,
+        resend=resend,
+    )
+    metrics.REPLICA_LAG_S.observe(time.monotonic() - started_s)
+
+
+async def replicate_local(replica: ReplicaWriter, row: LocalObject, blobs: BlobStore) -> None:
+    """Replicate a version whose bodies are already on this node's disk (a copy): its
+    commit names bodies the holders lack, and they get them from here (``resend``)."""
+    sid = replica.stage_id
+    if row.parts:
+        ids = [f"{sid}.{n}" for n in range(1, len(row.parts) + 1)]
+        files = dict(zip(ids, (p.blob_id for p in row.parts), strict=True))
+        parts = [(p.size_bytes, p.etag) for p in row.parts]
+    else:
+        ids, parts = [sid], []
+        files = {sid: row.blob_id} if row.blob_id else {}
+
+    async def resend(stage_id: str) -> AsyncIterator[bytes]:
+        if stage_id in files:
+            async for piece in blobs.read_chunks(files[stage_id]):
+                yield piece
+        elif row.body:
+            yield row.body  # an inline body lives in the journal row
+
+    await commit_replicas(replica, replica.holders, row, stage_ids=ids, parts=parts, resend=resend)

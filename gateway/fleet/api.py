@@ -15,18 +15,28 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from gateway.clock import Clock
-from gateway.core.objects import ObjectHead, ObjectService
+from gateway.core.objects import ObjectHead
 from gateway.errors import S3Error
-from gateway.fleet import auth
-from gateway.fleet.client import ERROR_HEADER, HEAD_HEADER, HELD_HEADER, PART_HEADER, encode_head
-from gateway.fleet.node import Fleet
+from gateway.fleet import api_replicas
+from gateway.fleet.api_base import (
+    PEER_SIDE,
+    JsonOp,
+    PeerSide,
+    refused,
+    verified,
+)
+from gateway.fleet.client import (
+    ERROR_HEADER,
+    HEAD_HEADER,
+    HELD_HEADER,
+    PART_HEADER,
+    REPLICA_HEADER,
+    encode_head,
+)
 from gateway.fleet.transport import PeerHead
 from gateway.fleet.wire import (
     PATH_PREFIX,
@@ -39,75 +49,35 @@ from gateway.fleet.wire import (
     WireError,
 )
 from gateway.flush import stuck
-from gateway.flush.policy import FlushPolicy
-from gateway.flush.stuck import FleetHeld
 from gateway.models import LocalObject
 from gateway.s3.handlers.objects import read_options
 from gateway.s3.streaming import send_body
-from gateway.store.journal import Journal
 
 log = logging.getLogger(__name__)
 _MAX_BODY_BYTES = 1 << 20
 _MAX_ROWS = 1000
 
 
-@dataclass(slots=True)
-class PeerSide:
-    """What the peer API answers from."""
-
-    fleet: Fleet
-    secret: bytes
-    clock: Clock
-    objects: ObjectService
-    journal: Journal
-    policy: FlushPolicy
-    flusher_order: FleetHeld | None = None
-    # A directory's checkpoint figures on this node (``figures``; None: not answered).
-    checkpoint_figures: CheckpointFigures | None = None
-
-
-PEER_SIDE = web.AppKey("peer_side", PeerSide)
-JsonOp = Callable[[PeerSide, Any, web.Request], Awaitable[Any]]
-CheckpointFigures = Callable[[str, Sequence[str]], Awaitable[dict[str, dict[str, Any]]]]
-
-
 def install(app: web.Application, side: PeerSide) -> None:
     """Add the peer routes to the S3 app (before its catch-all route)."""
     app[PEER_SIDE] = side
     app.router.add_route("POST", PATH_PREFIX + "{op}", json_op)
+    app.router.add_route("POST", PATH_PREFIX + "replica/{op}", json_op)
+    app.router.add_route("PUT", PATH_PREFIX + "replica/body", api_replicas.replica_body)
+    app.router.add_route("PUT", PATH_PREFIX + "replica/commit", api_replicas.replica_commit_body)
     app.router.add_route("GET", PATH_PREFIX + "object", read_object)
     app.router.add_route("HEAD", PATH_PREFIX + "object", read_object)
-
-
-def _refused(reason: str) -> web.Response:
-    return web.json_response({"error": "AccessDenied", "message": reason}, status=403)
-
-
-def _verified(side: PeerSide, request: web.Request, body: bytes | None) -> str | None:
-    raw_path, _, raw_query = request.raw_path.partition("?")
-    try:
-        return auth.verify(
-            side.secret,
-            request.method,
-            raw_path,
-            raw_query,
-            request.headers,
-            side.clock.wall(),
-            body,
-        )
-    except auth.PeerAuthError as exc:
-        log.info(
-            "peer API: refused %s %s from %s: %s", request.method, raw_path, request.remote, exc
-        )
-        return None
 
 
 async def json_op(request: web.Request) -> web.StreamResponse:
     side = request.app[PEER_SIDE]
     body = await request.content.read(_MAX_BODY_BYTES + 1)
-    if _verified(side, request, body) is None:
-        return _refused("not a signed request of this fleet")
-    handler = _OPS.get(request.match_info["op"])
+    if verified(side, request, body) is None:
+        return refused("not a signed request of this fleet")
+    op = request.match_info["op"]
+    if request.path.startswith(PATH_PREFIX + "replica/"):
+        op = "replica/" + op
+    handler = _OPS.get(op)
     if handler is None or len(body) > _MAX_BODY_BYTES:
         return web.json_response({"error": "InvalidRequest"}, status=400)
     try:
@@ -141,6 +111,8 @@ async def _bye(side: PeerSide, doc: Any, request: web.Request) -> Any:
 
 async def _drain(side: PeerSide, doc: Any, request: web.Request) -> Any:
     ask = DrainRequest.from_json(doc)
+    if ask.owner is not None:  # a lost writer's replicas held here (docs/fleet.md)
+        return (await api_replicas.owner_drain(side, ask)).to_json()
     journal = side.journal
     left = await stuck.wait_movable(
         journal,
@@ -205,6 +177,9 @@ async def _figures(side: PeerSide, doc: Any, request: web.Request) -> Any:
 
 
 _OPS: dict[str, JsonOp] = {
+    "replica/commit": api_replicas.replica_commit,
+    "replica/drop": api_replicas.replica_drop,
+    "replica/needed": api_replicas.replica_needed,
     "figures": _figures,
     "hello": _hello,
     "lease": _lease,
@@ -225,8 +200,8 @@ async def read_object(request: web.Request) -> web.StreamResponse:
     it (range or part, preconditions evaluated here); ``x-gateway-peer-held: none`` when it
     holds none; an S3 error of its version as JSON with ``x-gateway-peer-error``."""
     side = request.app[PEER_SIDE]
-    if _verified(side, request, b"") is None:
-        return _refused("not a signed request of this fleet")
+    if verified(side, request, b"") is None:
+        return refused("not a signed request of this fleet")
     bucket, key = request.query.get("bucket"), request.query.get("key")
     if not bucket or key is None:
         return web.json_response({"error": "InvalidRequest"}, status=400)
@@ -235,7 +210,11 @@ async def read_object(request: web.Request) -> web.StreamResponse:
             {"partNumber": request.headers[PART_HEADER]} if PART_HEADER in request.headers else {}
         )
         read = read_options(query, request.headers)
-        found = await side.objects.peer_read(bucket, key, read, with_body=request.method == "GET")
+        with_body = request.method == "GET"
+        if REPLICA_HEADER in request.headers:
+            found = await api_replicas.replica_read(side, bucket, key, read, with_body=with_body)
+        else:
+            found = await side.objects.peer_read(bucket, key, read, with_body=with_body)
     except S3Error as exc:
         return web.json_response(
             {"code": exc.code, "message": exc.message, "fields": dict(exc.fields)},

@@ -7,6 +7,7 @@ signed with the fleet secret (``auth.py``), every call with a deadline; any fail
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from gateway.fleet.wire import (
     LeaseRequest,
     NodeInfo,
     PeerRow,
+    ReplicaCommit,
     WireError,
 )
 from gateway.models import ObjectMeta
@@ -40,6 +42,10 @@ READ_CHUNK_BYTES = 4 << 20
 # Headers of a GET/HEAD that a peer evaluates against its version.
 FORWARDED = ("Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since")
 PART_HEADER = "x-gateway-part-number"
+REPLICA_HEADER = "x-gateway-replica"  # read the replica held for another, not one's own
+# A commit this long (JSON) or shorter goes in the query of a small body's request (well
+# within the listener's 16 KiB request line once base64url-encoded).
+_QUERY_DOC_BYTES = 8 << 10
 
 
 def encode_head(head: PeerHead, extra: Mapping[str, Any]) -> str:
@@ -174,6 +180,92 @@ class PeerClient:
             raise PeerUnavailable("figures: bad answer")
         return {str(k): v for k, v in answer["paths"].items() if isinstance(v, dict)}
 
+    async def replica_body(
+        self,
+        address: str,
+        owner: str,
+        stage_id: str,
+        bucket: str,
+        key: str,
+        upload: tuple[str, int] | None,
+        body: AsyncIterator[bytes],
+        timeout_s: float,
+        size_bytes: int | None = None,
+    ) -> tuple[str, int]:
+        path = PATH_PREFIX + "replica/body"
+        params = {"owner": owner, "stage": stage_id, "bucket": bucket, "key": key}
+        if upload is not None:
+            params.update({"upload": upload[0], "part": str(upload[1])})
+        query = urllib.parse.urlencode(params)
+        headers = self._signed("PUT", path, query, None)  # streamed: its digests protect it
+        url = yarl.URL(f"{self._scheme}://{address}{path}?{query}", encoded=True)
+        timeout = aiohttp.ClientTimeout(connect=timeout_s, sock_read=timeout_s)
+        try:
+            async with self._client().put(url, data=body, headers=headers, timeout=timeout) as resp:
+                payload = await resp.read()
+                if resp.status != 200:
+                    raise PeerUnavailable(f"replica: HTTP {resp.status} {payload[:200]!r}")
+                doc = json.loads(payload)
+                return str(doc["md5"]), int(doc["size"])
+        except PeerUnavailable:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError) as exc:
+            raise PeerUnavailable(f"replica: {type(exc).__name__}: {exc}") from None
+
+    async def replica_commit(
+        self, address: str, commit: ReplicaCommit, timeout_s: float
+    ) -> list[str]:
+        doc = json.dumps(dataclasses.replace(commit, body=None).to_json()).encode()
+        if commit.body is not None and len(doc) <= _QUERY_DOC_BYTES:
+            # The body raw (no base64 JSON to build, sign and parse), the commit in the query.
+            answer = await self._commit_with_body(address, doc, commit.body, timeout_s)
+        else:
+            answer = await self._call(address, "replica/commit", commit.to_json(), timeout_s)
+        missing = answer.get("missing") if isinstance(answer, dict) else None
+        if not isinstance(missing, list):
+            raise PeerUnavailable("replica commit: bad answer")
+        return [str(m) for m in missing]
+
+    async def _commit_with_body(
+        self, address: str, doc: bytes, body: bytes, timeout_s: float
+    ) -> Any:
+        path = PATH_PREFIX + "replica/commit"
+        query = "commit=" + base64.urlsafe_b64encode(doc).decode("ascii")
+        headers = self._signed("PUT", path, query, None)  # the body: checked by its MD5
+        url = yarl.URL(f"{self._scheme}://{address}{path}?{query}", encoded=True)
+        try:
+            async with self._client().put(
+                url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                payload = await resp.read()
+                if resp.status != 200:
+                    raise PeerUnavailable(f"replica commit: HTTP {resp.status} {payload[:200]!r}")
+                return json.loads(payload)
+        except PeerUnavailable:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise PeerUnavailable(f"replica commit: {type(exc).__name__}: {exc}") from None
+
+    async def replica_drop(
+        self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
+    ) -> None:
+        doc = {"owner": owner, "datadir_id": datadir_id, "seqs": list(seqs)}
+        await self._call(address, "replica/drop", doc, timeout_s)
+
+    async def replica_needed(
+        self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
+    ) -> list[int] | None:
+        doc = {"owner": owner, "datadir_id": datadir_id, "seqs": list(seqs)}
+        answer = await self._call(address, "replica/needed", doc, timeout_s)
+        if not isinstance(answer, dict) or "needed" not in answer:
+            raise PeerUnavailable("replica needed: bad answer")
+        needed = answer["needed"]
+        if needed is None:
+            return None  # not its data dir: that incarnation is gone
+        if not isinstance(needed, list):
+            raise PeerUnavailable("replica needed: bad answer")
+        return [int(n) for n in needed]
+
     async def list_rows(
         self, address: str, bucket: str, prefix: str, after: str, limit: int, timeout_s: float
     ) -> tuple[list[PeerRow], bool]:
@@ -198,7 +290,8 @@ class PeerClient:
         path = PATH_PREFIX + "object"
         query = urllib.parse.urlencode({"bucket": bucket, "key": key})
         signed = self._signed(method, path, query, b"")
-        signed.update({k: v for k, v in headers.items() if k in (*FORWARDED, PART_HEADER)})
+        wanted = (*FORWARDED, PART_HEADER, REPLICA_HEADER)
+        signed.update({k: v for k, v in headers.items() if k in wanted})
         # encoded: the query goes out exactly as signed (yarl would normalise %2F).
         url = yarl.URL(f"{self._scheme}://{address}{path}?{query}", encoded=True)
         # The head must come within timeout_s; the body's chunks each within it too.

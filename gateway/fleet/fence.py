@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway.clock import Clock
 from gateway.fleet.membership import Member, Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
-from gateway.fleet.wire import DrainAnswer, DrainRequest
+from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest
 
 log = logging.getLogger(__name__)
 
@@ -110,13 +110,36 @@ class NodeDrain:
         }
 
 
+LocalDrain = Callable[[DrainRequest], Awaitable[DrainAnswer]]
+
+
+@dataclass(frozen=True, slots=True)
+class LostWriters:
+    """With replicas under the strict policy (docs/fleet.md, "Takeover"): how a lost
+    member's part of a directory is known once its replicas are taken over.
+
+    ``is_lost(node, datadir)``: lost by this node's view; ``local_replicas``: this node's
+    own answer about a lost writer's replicas; ``local_drain``: this node's own rows."""
+
+    is_lost: Callable[[str, str | None], bool]
+    local_replicas: LocalDrain
+    local_drain: LocalDrain
+
+
 class FleetFence:
     """Holds and fleet drains (see the module docstring)."""
 
-    def __init__(self, membership: Membership, transport: PeerTransport, clock: Clock) -> None:
+    def __init__(
+        self,
+        membership: Membership,
+        transport: PeerTransport,
+        clock: Clock,
+        lost: LostWriters | None = None,
+    ) -> None:
         self._membership = membership
         self._transport = transport
         self._clock = clock
+        self.lost = lost  # set by the composition root when replicas are on (strict)
         self._holds: dict[tuple[str, str], Hold] = {}
         membership.on_join.append(self._joined)
 
@@ -189,10 +212,23 @@ class FleetFence:
         """Ask one member until it answers drained (or leaves); see the module docstring."""
         waiting = hold.waiting[node_id]
         backoff_s = _RETRY_FIRST_S
+        came_back_empty = False
         while not hold.is_released:
             member = self._membership.get(node_id)
             if member is None or member.has_left:
                 break  # forgotten by an operator, or left with nothing unflushed
+            if self.lost is not None and (
+                came_back_empty or self.lost.is_lost(node_id, waiting.expected_datadir)
+            ):
+                # Its replicas are taken over: done once every holder uploaded them.
+                request = DrainRequest(
+                    hold.bucket, hold.prefix, 0.0, True, node_id, waiting.expected_datadir
+                )
+                if await self.owner_drained(request):
+                    break
+                waiting.state, waiting.detail = "pending", "lost: its replicas are being uploaded"
+                await asyncio.sleep(_STUCK_RETRY_S)
+                continue
             # The first question is answered at once (its figures say what the hold waits
             # for); the next ones are long polls.
             wait_s = 0.0 if waiting.state == "asking" else LONG_POLL_S
@@ -211,6 +247,9 @@ class FleetFence:
             backoff_s = _RETRY_FIRST_S
             if waiting.expected_datadir is None:
                 waiting.expected_datadir = answer.node.datadir_id
+            if answer.node.datadir_id != waiting.expected_datadir and self.lost is not None:
+                came_back_empty = True  # what it held lives on in its replicas
+                continue
             if answer.node.datadir_id != waiting.expected_datadir:
                 waiting.state, waiting.detail = "lost-data", answer.node.datadir_id
                 log.warning(
@@ -245,6 +284,51 @@ class FleetFence:
         for task in list(hold.tasks):
             if task is not current:
                 task.cancel()
+
+    async def owner_drained(self, request: DrainRequest) -> bool:
+        """Is every replica of the lost writer ``request.owner`` under the prefix uploaded,
+        here and on every other member that answers? (One that does not answer: no.)"""
+        assert self.lost is not None and request.owner is not None
+        others = [m for m in self._membership.active() if m.node_id != request.owner]
+        answers = await asyncio.gather(
+            self.lost.local_replicas(request),
+            *(self._try_drain(m, request) for m in others),
+        )
+        return all(a is not None and a.drained for a in answers)
+
+    async def drained_everywhere(self, bucket: str, prefix: str, me: str) -> bool:
+        """For a taken-over commit marker: is everything under ``prefix`` (markers aside)
+        durable here and on every member that is not lost, and is every replica under it
+        of any other writer (a lost member, an earlier data dir of a member back with an
+        empty disk) uploaded, here and on every member that is not lost? ``me``: this
+        node's "node/data dir"."""
+        assert self.lost is not None
+        request = DrainRequest(bucket, prefix, 0.0, exclude_markers=True)
+        if not (await self.lost.local_drain(request)).drained:
+            return False
+        live, asked = [me], []
+        for member in self._membership.active():
+            datadir = member.info.datadir_id if member.info else None
+            if self.lost.is_lost(member.node_id, datadir):
+                continue  # its writes: covered by its replicas, asked of the others below
+            answer = await self._try_drain(member, request)
+            if answer is None or not answer.drained:
+                return False
+            live.append(f"{member.node_id}/{answer.node.datadir_id}")
+            asked.append(member)
+        orphans = DrainRequest(bucket, prefix, 0.0, True, ANY_LOST_WRITER, live_writers=tuple(live))
+        answers = await asyncio.gather(
+            self.lost.local_replicas(orphans), *(self._try_drain(m, orphans) for m in asked)
+        )
+        return all(a is not None and a.drained for a in answers)
+
+    async def _try_drain(self, member: Member, request: DrainRequest) -> DrainAnswer | None:
+        try:
+            return await self._transport.drain(
+                member.address, request, request.wait_s + _RPC_MARGIN_S
+            )
+        except PeerUnavailable:
+            return None
 
     # -- fleet drain ------------------------------------------------------------------------
 

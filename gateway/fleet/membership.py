@@ -107,6 +107,7 @@ class Member:
     is_reachable: bool | None = None  # None: not asked yet
     unreachable_since_s: float | None = None
     last_error: str | None = None
+    heard_s: float | None = None  # when it last asked this node something (its lease)
 
     def __post_init__(self) -> None:
         self.remote = RemoteDirectory(self.node_id)
@@ -233,6 +234,8 @@ class Membership:
         written to the journal only when what is remembered changes (a lease request comes
         every second from every member)."""
         member = self.members.get(info.node_id)
+        if member is not None:
+            member.heard_s = self._clock.monotonic()
         if member is not None and (
             member.address == address
             and not member.has_left

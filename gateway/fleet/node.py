@@ -17,9 +17,12 @@ from typing import Any
 
 from gateway import metrics
 from gateway.clock import Clock
+from gateway.fleet.client import REPLICA_HEADER
 from gateway.fleet.directory import LocalDirectory, WriteIntent
 from gateway.fleet.fence import FleetFence, Hold, NodeDrain
 from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
+from gateway.fleet.replication import ReplicaPolicy, Replication, ReplicaWrite, rank
+from gateway.fleet.takeover import Takeover, UploadClaims
 from gateway.fleet.transport import PeerHead, PeerRead, PeerTransport, PeerUnavailable
 from gateway.fleet.view import HoldHandle
 from gateway.fleet.wire import DirChange, LeaseGrant, LeaseRequest, NodeInfo, PeerRow
@@ -37,6 +40,10 @@ class FleetConfig:
     refresh_s: float = 10.0  # discovery is asked again this often
     timeout_s: float = 2.0  # hello, announcements, goodbyes
     read_timeout_s: float = 2.0  # a peer read's answer (its head)
+    self_address: str | None = None  # this node's S3 listener, as it can reach it itself
+    replicas: int = 0  # --replicas: holders an acknowledgement needs (0: none)
+    replica_strict: bool = True  # --replica-policy strict (else degrade)
+    peer_timeout_s: float = 30.0  # a member silent this long is lost (its replicas taken over)
 
 
 class Fleet:
@@ -70,6 +77,14 @@ class Fleet:
         )
         self.directory = LocalDirectory(me, clock, transport.announce, lease_s=config.lease_s)
         self.fence = FleetFence(self.membership, transport, clock)
+        self.replication: Replication | None = None
+        # With replicas (set by the composition root): the holders' loop, the flusher's
+        # claims.
+        self.takeover: Takeover | None = None
+        self.claims: UploadClaims | None = None
+        if config.replicas > 0:
+            policy = ReplicaPolicy(config.replicas, config.replica_strict)
+            self.replication = Replication(me, self.membership, transport, policy)
         self._tasks: list[asyncio.Task[None]] = []
         self._is_stopped = False
         self.read_fallbacks = 0
@@ -90,6 +105,8 @@ class Fleet:
             asyncio.create_task(self.membership.run(), name="fleet membership"),
             asyncio.create_task(self._tick(), name="fleet directory"),
         ]
+        if self.takeover is not None:
+            self._tasks.append(asyncio.create_task(self.takeover.run(), name="fleet takeover"))
 
     async def _tick(self) -> None:
         while True:
@@ -137,6 +154,17 @@ class Fleet:
 
     # -- FleetView ------------------------------------------------------------------------
 
+    def replicate(
+        self,
+        bucket: str,
+        key: str,
+        upload: tuple[str, int] | None = None,
+        size_hint: int | None = None,
+    ) -> ReplicaWrite | None:
+        if self.replication is None:
+            return None
+        return self.replication.start(bucket, key, upload=upload, size_hint=size_hint)
+
     def writing(self, bucket: str, key: str) -> contextlib.AbstractAsyncContextManager[WriteIntent]:
         return self.directory.writing(bucket, key)
 
@@ -177,15 +205,41 @@ class Fleet:
             self._fell_back(node, f"{bucket}/{key}", exc)
             return None
 
+    def replica_candidates(self, bucket: str, key: str) -> Sequence[str]:
+        if self.replication is None:
+            return []
+        if all(m.is_reachable is not False for m in self.membership.active()):
+            return []  # every writer answers for itself
+        # The holders its writer chose: rendezvous over who is reachable, this node
+        # included (it may hold the replica itself), one more for a membership that moved.
+        ranked = sorted(
+            [self.me.node_id, *(m.node_id for m in self.membership.active() if m.is_reachable)],
+            key=lambda n: rank(n, bucket, key),
+            reverse=True,
+        )
+        return ranked[: self.replication.policy.copies + 1]
+
     async def read(
-        self, node: str, bucket: str, key: str, method: str, headers: Mapping[str, str]
+        self,
+        node: str,
+        bucket: str,
+        key: str,
+        method: str,
+        headers: Mapping[str, str],
+        *,
+        replica: bool = False,
     ) -> PeerRead | None:
         member = self.membership.get(node)
-        if member is None:
+        address = member.address if member is not None else None
+        if node == self.me.node_id and replica:
+            address = self.config.self_address  # a replica held here: read like a peer's
+        if address is None:
             return None
+        if replica:
+            headers = {**headers, REPLICA_HEADER: "1"}
         try:
             return await self._transport.read(
-                member.address,
+                address,
                 bucket,
                 key,
                 method=method,
@@ -229,6 +283,9 @@ class Fleet:
             return [], False
 
     def _fell_back(self, node: str, what: str, exc: Exception) -> None:
+        member = self.membership.get(node)
+        if member is not None:  # it did not answer: unreachable until a renewal says else
+            member.note_failure(self._clock.monotonic(), str(exc))
         self.read_fallbacks += 1
         metrics.PEER_READ_FALLBACKS.inc()
         log.warning("peer %s did not answer a read of %s (%s): left out", node, what, exc)
@@ -303,6 +360,13 @@ class Fleet:
                 for h in self.fence.holds()
             ],
             "read_fallbacks": self.read_fallbacks,
+            "replicas": None
+            if self.replication is None
+            else {
+                "copies": self.replication.policy.copies,
+                "policy": "strict" if self.replication.policy.is_strict else "degrade",
+                "held_for": self.takeover.held if self.takeover is not None else [],
+            },
         }
 
 

@@ -21,6 +21,7 @@ from gateway.fleet.wire import (
     LeaseRequest,
     NodeInfo,
     PeerRow,
+    ReplicaCommit,
 )
 from gateway.models import ObjectMeta
 
@@ -112,6 +113,44 @@ class PeerTransport(Protocol):
         self, address: str, bucket: str, paths: Sequence[str], timeout_s: float
     ) -> dict[str, dict[str, Any]]:
         """The peer's checkpoint figures of each directory in ``paths`` (by path)."""
+        ...
+
+    async def replica_body(
+        self,
+        address: str,
+        owner: str,
+        stage_id: str,
+        bucket: str,
+        key: str,
+        upload: tuple[str, int] | None,
+        body: AsyncIterator[bytes],
+        timeout_s: float,
+        size_bytes: int | None = None,
+    ) -> tuple[str, int]:
+        """Stream a body to a holder, which stages it durably: its MD5 (hex) and size.
+        ``timeout_s`` bounds each wait on the holder, not the whole body; ``size_bytes``:
+        the body's length when known (sent as Content-Length; small ones are staged in the
+        holder's journal)."""
+        ...
+
+    async def replica_commit(
+        self, address: str, commit: ReplicaCommit, timeout_s: float
+    ) -> list[str]:
+        """Commit a version on a holder: the stage ids it lacks ([]: committed)."""
+        ...
+
+    async def replica_drop(
+        self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
+    ) -> None:
+        """Tell a holder these versions of ``owner`` are durable upstream or superseded."""
+        ...
+
+    async def replica_needed(
+        self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
+    ) -> list[int] | None:
+        """Ask a writer which of these versions of its own it still needs held (the rest
+        are durable upstream or superseded there). None: it runs on another data dir now
+        (those versions' writer is lost: they are taken over, never dropped)."""
         ...
 
     async def list_rows(

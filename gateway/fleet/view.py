@@ -8,12 +8,13 @@ None and never touch the fleet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from gateway.fleet.transport import PeerError, PeerHead, PeerRead
 from gateway.fleet.wire import PeerRow
+from gateway.models import LocalObject, ObjectMeta
 
 __all__ = [
     "FleetView",
@@ -37,7 +38,58 @@ class WriteReady(Protocol):
         ...
 
 
+class Holder(Protocol):
+    @property
+    def node_id(self) -> str: ...
+
+
+class ReplicaWriter(Protocol):
+    """One write's replicas (``--replicas``): the body through ``tee``, then ``staged``
+    (which holders have it; strict policy: SlowDown when too few, before anything is
+    committed here), then, after the local commit, ``commit`` (SlowDown when too few
+    committed under the strict policy; the write then stays here, unacknowledged)."""
+
+    @property
+    def stage_id(self) -> str: ...
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def holders(self) -> Sequence[Holder]: ...
+
+    def tee(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]: ...
+
+    async def staged(self, md5_hex: str, size_bytes: int) -> Sequence[Holder]: ...
+
+    def abort(self) -> None: ...
+
+    async def commit(
+        self,
+        holders: Sequence[Holder],
+        seq: int,
+        meta: ObjectMeta,
+        acked_s: float,
+        *,
+        is_delete: bool = False,
+        stage_ids: Sequence[str] = (),
+        parts: Sequence[tuple[int, str]] = (),
+        resend: Callable[[str], AsyncIterator[bytes]] | None = None,
+    ) -> int: ...
+
+
 class FleetView(Protocol):
+    def replicate(
+        self,
+        bucket: str,
+        key: str,
+        upload: tuple[str, int] | None = None,
+        size_hint: int | None = None,
+    ) -> ReplicaWriter | None:
+        """The replicas of one write (None without --replicas; ``size_hint``: the body's
+        length when known). Raises SlowDown when the strict policy cannot be met now."""
+        ...
+
     def writing(self, bucket: str, key: str) -> AbstractAsyncContextManager[WriteReady]:
         """Enter before a write of ``key`` starts, leave after it is committed (or failed)."""
         ...
@@ -56,10 +108,23 @@ class FleetView(Protocol):
         ...
 
     async def read(
-        self, node: str, bucket: str, key: str, method: str, headers: Mapping[str, str]
+        self,
+        node: str,
+        bucket: str,
+        key: str,
+        method: str,
+        headers: Mapping[str, str],
+        *,
+        replica: bool = False,
     ) -> PeerRead | None:
         """A GET/HEAD of ``key`` on ``node`` (None: it holds no unflushed version, or does
-        not answer). Raises ``PeerError`` for an S3 error of its version."""
+        not answer). Raises ``PeerError`` for an S3 error of its version. ``replica``: the
+        replica ``node`` holds for a writer that cannot answer, instead of its own."""
+        ...
+
+    def replica_candidates(self, bucket: str, key: str) -> Sequence[str]:
+        """With replicas, when a member cannot answer: the reachable holders of ``key``'s
+        replicas (rendezvous), to read it from; else none."""
         ...
 
     async def rows(
@@ -107,3 +172,15 @@ class MarkerHolds(Protocol):
     def cancel(self, handle: HoldHandle) -> None:
         """The marker's version left pending: stop asking."""
         ...
+
+
+class UploadClaims(Protocol):
+    """With replicas on (docs/fleet.md, "Takeover"): one uploader per version."""
+
+    async def before_upload(self, obj: LocalObject) -> str:
+        """``upload`` (this node won the claim), ``done`` (another uploaded it) or ``wait``
+        (another, not lost, holds the claim). Raises a FlushError when the bucket cannot
+        be asked."""
+        ...
+
+    async def after_upload(self, obj: LocalObject) -> None: ...

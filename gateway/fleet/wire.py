@@ -7,9 +7,12 @@ malformed, so a bad or hostile body is a 400, never a traceback.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from gateway.models import ObjectMeta, meta_from_json, meta_to_json
 
 PATH_PREFIX = "/_gateway/peer/v1/"
 
@@ -208,6 +211,11 @@ class DrainRequest:
     prefix: str
     wait_s: float
     exclude_markers: bool = False
+    # Not this node's own writes: the replicas it holds of this lost writer's (data dir's);
+    # ANY_LOST_WRITER: of every writer but the ``live_writers`` ("node/data dir").
+    owner: str | None = None
+    owner_datadir: str | None = None
+    live_writers: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -215,6 +223,9 @@ class DrainRequest:
             "prefix": self.prefix,
             "wait_s": self.wait_s,
             "exclude_markers": self.exclude_markers,
+            "owner": self.owner,
+            "owner_datadir": self.owner_datadir,
+            "live_writers": list(self.live_writers),
         }
 
     @classmethod
@@ -228,7 +239,19 @@ class DrainRequest:
             _field(doc, "prefix", str),
             wait_s,
             bool(_field(doc, "exclude_markers", bool)),
+            _optional_str(doc, "owner"),
+            _optional_str(doc, "owner_datadir"),
+            _strings(doc.get("live_writers", [])),
         )
+
+
+ANY_LOST_WRITER = "*"
+
+
+def _strings(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw) or len(raw) > 4096:
+        raise WireError("expected a list of at most 4,096 strings")
+    return tuple(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,3 +329,80 @@ class PeerRow:
             _number({"a": acked}, "a"),
             bool(is_delete),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaCommit:
+    """The writer commits a version on a holder: its identity (writer, data dir, seq), its
+    metadata, and the staged bodies it is made of (in part order; none for a delete). A
+    small single body may come with it (``body``, staged by the same commit: one request,
+    one fsync on the holder)."""
+
+    owner: str
+    datadir_id: str
+    seq: int
+    meta: ObjectMeta
+    is_delete: bool
+    stage_ids: tuple[str, ...]
+    parts: tuple[tuple[int, str], ...]  # (size, etag) of each part of a multipart object
+    acked_s: float
+    body: bytes | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "owner": self.owner,
+            "datadir_id": self.datadir_id,
+            "seq": self.seq,
+            "meta": meta_to_json(self.meta),
+            "is_delete": self.is_delete,
+            "stage_ids": list(self.stage_ids),
+            "parts": [list(p) for p in self.parts],
+            "acked_s": self.acked_s,
+        }
+        if self.body is not None:
+            doc["body"] = base64.b64encode(self.body).decode("ascii")
+        return doc
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ReplicaCommit:
+        doc = _object(raw)
+        ids, parts = doc.get("stage_ids"), doc.get("parts")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise WireError("stage_ids: expected strings")
+        if not isinstance(parts, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and isinstance(p[1], str)
+            for p in parts
+        ):
+            raise WireError("parts: expected [size, etag] pairs")
+        try:
+            meta = meta_from_json(_object(doc.get("meta")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError(f"meta: {exc}") from None
+        return cls(
+            _field(doc, "owner", str),
+            _field(doc, "datadir_id", str),
+            _field(doc, "seq", int),
+            meta,
+            _field(doc, "is_delete", bool),
+            tuple(ids),
+            tuple((int(a), str(b)) for a, b in parts),
+            _number(doc, "acked_s"),
+            _body(doc, len(ids)),
+        )
+
+
+def _body(doc: Mapping[str, Any], stage_ids: int) -> bytes | None:
+    raw = doc.get("body")
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or len(raw) > 4 * (INLINE_BODY_MAX_BYTES // 3 + 1):
+        raise WireError(f"body: expected base64 of at most {INLINE_BODY_MAX_BYTES} bytes")
+    if stage_ids != 1:
+        raise WireError("body: only with one stage id")
+    try:
+        return base64.b64decode(raw, validate=True)
+    except ValueError as exc:
+        raise WireError(f"body: {exc}") from None
+
+
+INLINE_BODY_MAX_BYTES = 64 << 10  # a body this small travels with its replica commit

@@ -41,7 +41,7 @@ from typing import BinaryIO, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
-from gateway.fleet.view import MarkerHolds
+from gateway.fleet.view import MarkerHolds, UploadClaims
 from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
 from gateway.flush.early import EarlyUploads
@@ -55,7 +55,7 @@ from gateway.flush.policy import FlushPolicy, PolicyConfig
 from gateway.flush.progress import FlushProgress
 from gateway.flush.ratelimit import TokenBucket
 from gateway.models import LocalObject
-from gateway.store.blobs import BlobStore
+from gateway.store.blobs import BlobStore, close_bodies, open_bodies
 from gateway.store.integrity import BodyDigest, body_digests, check_bytes, check_fd
 from gateway.store.journal import Journal
 from gateway.store.queue import FlushQueue
@@ -63,6 +63,7 @@ from gateway.upstream.classify import (
     Corrupt,
     Fatal,
     FlushError,
+    Retryable,
     Throttled,
     for_flush,
     printable,
@@ -109,6 +110,7 @@ class Flusher:
         policy: PolicyConfig | None = None,
         multipart_threshold_bytes: int = 64 << 20,
         marker_holds: MarkerHolds | None = None,
+        claims: UploadClaims | None = None,
     ) -> None:
         self._journal = journal
         self._queue = FlushQueue(journal)
@@ -121,6 +123,7 @@ class Flusher:
         self.policy = FlushPolicy(policy or PolicyConfig(write_back_delay_s=0.0), self.lanes)
         # In a fleet, commit markers also wait for every other gateway (fleet/fence.py).
         self.order = FlushOrder(self.policy, journal.figures, marker_holds)
+        self._claims = claims  # with replicas: one uploader per version (fleet/claims.py)
         self.progress = FlushProgress(clock.monotonic)  # bytes in flight, measured rates
         self.gate.on_accepted, self.gate.on_retry = self.progress.accepted, self.progress.failed
         self._is_attached = False
@@ -338,8 +341,12 @@ class Flusher:
             reason = None if obj.is_delete else unsendable(obj.meta)
             if reason is not None:
                 raise Fatal(reason)
+            if not await self._claimed(obj):  # with replicas: uploaded by another gateway
+                return await self._record_durable(obj)
             with self.progress.upload(obj.meta.bucket, obj.meta.key, obj.meta.size_bytes):
                 await self._upload(obj, lane)
+            if self._claims is not None:
+                await self._claims.after_upload(obj)
         except _Superseded:
             return
         except Exception as exc:  # the worker loop: every failure is recorded, none escapes
@@ -347,6 +354,20 @@ class Flusher:
                 log.exception("error flushing %s", _name(obj))
             await self._on_failure(obj, lane, for_flush(exc))
             return
+        await self._record_durable(obj)
+
+    async def _claimed(self, obj: LocalObject) -> bool:
+        """With replicas on (docs/fleet.md, "Takeover"): claim the version before its
+        upload. False: another gateway uploaded it (it is durable); a claim held by a live
+        gateway is retried later (it is uploading it)."""
+        if self._claims is None:
+            return True
+        decision = await self._claims.before_upload(obj)
+        if decision == "wait":
+            raise Retryable("another gateway holds the upload's claim: it uploads it")
+        return decision == "upload"
+
+    async def _record_durable(self, obj: LocalObject) -> None:
         self._uploads_ok += 1
         try:
             is_recorded = await self._queue.mark_durable(obj)
@@ -377,8 +398,8 @@ class Flusher:
             try:
                 # Opened and closed in a thread: an open can wait on the disk, and the last
                 # close of a superseded (unlinked) blob frees its blocks.
-                opened = await asyncio.to_thread(_open_all, self._blobs, obj.blob_ids)
-                files.push_async_callback(asyncio.to_thread, _close_all, opened)
+                opened = await asyncio.to_thread(open_bodies, self._blobs, obj.blob_ids)
+                files.push_async_callback(asyncio.to_thread, close_bodies, opened)
             except FileNotFoundError as exc:
                 # Only a superseded version's blob is ever unlinked: nothing to upload, the
                 # newer version has its own row. A blob missing for a live row is a fault.
@@ -478,24 +499,6 @@ class Flusher:
 def _name(obj: LocalObject) -> str:
     """``bucket/key`` of a row, printable whatever the key holds."""
     return printable(f"{obj.meta.bucket}/{obj.meta.key}")
-
-
-def _open_all(blobs: BlobStore, blob_ids: list[str]) -> list[BinaryIO]:
-    """Open every body file of a version (blocking); none is left open if one is missing."""
-    opened: list[BinaryIO] = []
-    try:
-        for blob_id in blob_ids:
-            opened.append(blobs.path(blob_id).open("rb"))
-    except BaseException:
-        _close_all(opened)
-        raise
-    return opened
-
-
-def _close_all(files: list[BinaryIO]) -> None:
-    for f in files:
-        with contextlib.suppress(OSError):
-            f.close()
 
 
 async def _require_intact(body: BinaryIO, digest: BodyDigest) -> None:

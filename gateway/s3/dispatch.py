@@ -17,7 +17,7 @@ from gateway.core.deletes import DeleteService
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
-from gateway.errors import RequestHeaderSectionTooLarge, S3NotImplemented, SlowDown
+from gateway.errors import AccessDenied, RequestHeaderSectionTooLarge, S3NotImplemented, SlowDown
 from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext, verify_request
 from gateway.s3.routing import parse_operation, split_host
@@ -39,6 +39,8 @@ class S3Services:
     domain: str | None
     clock: Clock
     is_accepting_writes: bool = True
+    # The fleet's own objects in every bucket (--control-prefix): never served to clients.
+    hidden_prefix: str | None = None
     # Hostile-input limits: the whole header section (names and values, bytes), and XML
     # request documents (CompleteMultipartUpload, DeleteObjects, CreateBucket).
     max_header_bytes: int = 16 << 10
@@ -86,6 +88,15 @@ def check_transfer_coding(values: Iterable[str]) -> None:
         )
 
 
+def refuse_hidden(op: ops.Operation, hidden_prefix: str) -> None:
+    """AccessDenied for any object operation on a key under the fleet's control prefix
+    (its claims, docs/fleet.md): clients never read, write or delete them."""
+    for name in ("key", "source_key"):
+        key = getattr(op, name, None)
+        if isinstance(key, str) and key.startswith(hidden_prefix):
+            raise AccessDenied("The key is reserved for the gateways of this fleet.")
+
+
 async def dispatch(request: web.Request) -> web.StreamResponse:
     svc = request.app[SERVICES]
     check_header_section(request.raw_headers, svc.max_header_bytes)
@@ -106,6 +117,8 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
         request.method, request.host, raw_path, query, request.headers, domain=svc.domain
     )
     request[OPERATION] = op
+    if svc.hidden_prefix is not None:
+        refuse_hidden(op, svc.hidden_prefix)
     handler = HANDLERS.get(type(op))
     if handler is None:
         name = op.name if isinstance(op, ops.Unsupported) else type(op).__name__

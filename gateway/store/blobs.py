@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from gateway.checksums import Hasher, new_hasher
 from gateway.errors import EntityTooLarge, SlowDown
@@ -282,6 +283,15 @@ class BlobStore:
             raise
         return made
 
+    async def read_chunks(self, blob_id: str, piece_bytes: int = 1 << 20) -> AsyncIterator[bytes]:
+        """A body file's bytes in pieces (each read in a thread): a replica sent again."""
+        f = await asyncio.to_thread(self.path(blob_id).open, "rb")
+        try:
+            while piece := await asyncio.to_thread(f.read, piece_bytes):
+                yield piece
+        finally:
+            await asyncio.to_thread(f.close)
+
     async def discard(self, blob_ids: Iterable[str]) -> None:
         """Unlink blobs no committed row references. Missing files are fine (idempotent)."""
         ids = list(blob_ids)
@@ -456,3 +466,22 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def open_bodies(blobs: BlobStore, blob_ids: Sequence[str]) -> list[BinaryIO]:
+    """Open every body file of a version (blocking: call in a thread); none is left open
+    when one is missing (FileNotFoundError)."""
+    opened: list[BinaryIO] = []
+    try:
+        for blob_id in blob_ids:
+            opened.append(blobs.path(blob_id).open("rb"))
+    except BaseException:
+        close_bodies(opened)
+        raise
+    return opened
+
+
+def close_bodies(files: Sequence[BinaryIO]) -> None:
+    for f in files:
+        with contextlib.suppress(OSError):
+            f.close()

@@ -69,15 +69,16 @@ class SpaceFigures:
     unflushed_bytes: int
     durable_bytes: int
     parts_bytes: int
+    replica_bytes: int = 0  # held for other gateways of the fleet (docs/fleet.md)
 
     @property
     def pinned_bytes(self) -> int:
         """Bytes that cannot be evicted."""
-        return self.unflushed_bytes + self.parts_bytes
+        return self.unflushed_bytes + self.parts_bytes + self.replica_bytes
 
     @property
     def used_bytes(self) -> int:
-        return self.unflushed_bytes + self.durable_bytes + self.parts_bytes
+        return self.unflushed_bytes + self.durable_bytes + self.parts_bytes + self.replica_bytes
 
 
 @dataclass(slots=True)
@@ -214,6 +215,7 @@ class Figures:
         self._states = {state: [0, 0] for state in _UNFLUSHED}  # objects, bytes
         self.durable_bytes = 0
         self.parts_bytes = 0
+        self.replica_bytes = 0  # replicas held for other gateways (store/replicas.py)
         self.flushed_objects = 0
         self.flushed_bytes = 0
         self.last_seq = 0  # the newest version whose change was applied
@@ -233,7 +235,10 @@ class Figures:
     def apply(self, change: Change) -> None:
         """A committed change (on the loop, in commit order)."""
         if isinstance(change, PartsChange):
-            self.parts_bytes += change.delta_bytes
+            if change.is_replica:
+                self.replica_bytes += change.delta_bytes
+            else:
+                self.parts_bytes += change.delta_bytes
             return
         touched: set[Fence] = set()
         if change.old is not None:
@@ -296,7 +301,7 @@ class Figures:
 
     def space(self) -> SpaceFigures:
         unflushed = sum(totals[1] for totals in self._states.values())
-        return SpaceFigures(unflushed, self.durable_bytes, self.parts_bytes)
+        return SpaceFigures(unflushed, self.durable_bytes, self.parts_bytes, self.replica_bytes)
 
     def unflushed_under(self, bucket: str | None, prefix: str) -> Tally:
         """A copy of the unflushed figures under a directory prefix (every bucket for None)."""

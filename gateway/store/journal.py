@@ -290,6 +290,28 @@ class Journal(JournalEngine):
 
         return await self._read(op)
 
+    async def unflushed_seqs(self, seqs: Sequence[int]) -> set[int]:
+        """Which of these versions are still rows not durable upstream (a version that is
+        durable, or superseded by a newer one, is not)."""
+        wanted = list(seqs)
+
+        def op(conn: sqlite3.Connection) -> set[int]:
+            out: set[int] = set()
+            for start in range(0, len(wanted), 500):
+                batch = wanted[start : start + 500]
+                marks = ",".join("?" * len(batch))
+                out.update(
+                    int(r[0])
+                    for r in conn.execute(
+                        f"SELECT seq FROM objects WHERE state IN ('pending', 'flushing', "
+                        f"'failed') AND seq IN ({marks})",
+                        batch,
+                    )
+                )
+            return out
+
+        return await self._read(op)
+
     async def has_unflushed_objects(self, bucket: str) -> bool:
         """Is any version (not a delete) in ``bucket`` still waiting for the upstream?"""
         if not self.figures.has_unflushed(bucket):

@@ -81,9 +81,11 @@ class RowChange:
 
 @dataclass(frozen=True, slots=True)
 class PartsChange:
-    """Bytes of parts of open multipart uploads added (positive) or released (negative)."""
+    """Bytes of parts of open multipart uploads added (positive) or released (negative);
+    ``is_replica``: bytes of replicas held for other gateways of the fleet instead."""
 
     delta_bytes: int
+    is_replica: bool = False
 
 
 Change = RowChange | PartsChange

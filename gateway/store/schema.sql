@@ -130,3 +130,44 @@ CREATE TABLE IF NOT EXISTS datadir_identity (
     id          INTEGER PRIMARY KEY CHECK (id = 1),
     datadir_id  TEXT NOT NULL
 );
+
+-- Replicas this node holds for other gateways of its fleet (docs/fleet.md, "Node loss").
+-- A body arrives *staged* (durable here, its writer has not committed it yet); the writer's
+-- commit turns it into a replica: the version's row in ``replicas``, its bodies kept in
+-- ``replica_bodies`` (committed = 1). A replica goes when its writer says the version is
+-- durable upstream or superseded, or once it was taken over and uploaded.
+CREATE TABLE IF NOT EXISTS replica_bodies (
+    stage_id    TEXT PRIMARY KEY,              -- the writer's id for this body
+    owner       TEXT NOT NULL,                 -- the writer's node id
+    bucket      TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    upload_id   TEXT,                          -- a part of a multipart upload; NULL: a body
+    part_number INTEGER,
+    blob_id     TEXT,                          -- its file; NULL when small: then ``body``
+    body        BLOB,                          -- a small body itself (one journal commit)
+    size_bytes  INTEGER NOT NULL,
+    md5         TEXT NOT NULL,                 -- hex
+    crc32c      INTEGER,
+    committed   INTEGER NOT NULL DEFAULT 0,
+    created_s   REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS replica_bodies_by_upload ON replica_bodies (owner, upload_id);
+
+CREATE TABLE IF NOT EXISTS replicas (
+    owner       TEXT NOT NULL,                 -- the writer's node id ...
+    datadir_id  TEXT NOT NULL,                 -- ... and data dir: a version's identity
+    seq         INTEGER NOT NULL,              -- with its sequence number on the writer
+    bucket      TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    is_delete   INTEGER NOT NULL,
+    meta        TEXT NOT NULL,                 -- JSON: the version's metadata
+    stage_ids   TEXT NOT NULL,                 -- JSON: its bodies, in part order
+    parts       TEXT,                          -- JSON [[size, etag], ...]: multipart
+    size_bytes  INTEGER NOT NULL,
+    acked_s     REAL NOT NULL,                 -- the writer's acknowledgement (wall clock)
+    uploaded    INTEGER NOT NULL DEFAULT 0,    -- taken over and uploaded by this node
+    PRIMARY KEY (owner, datadir_id, seq)
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS replicas_by_key ON replicas (bucket, key);

@@ -78,6 +78,9 @@ def load_figures(conn: sqlite3.Connection, figures: Figures) -> None:
     figures.parts_bytes = int(
         conn.execute("SELECT COALESCE(SUM(size_bytes), 0) FROM parts").fetchone()[0]
     )
+    figures.replica_bytes = int(
+        conn.execute("SELECT COALESCE(SUM(size_bytes), 0) FROM replica_bodies").fetchone()[0]
+    )
     counters = dict(conn.execute("SELECT name, value FROM counters"))
     figures.flushed_objects = int(counters.get("flushed_objects", 0))
     figures.flushed_bytes = int(counters.get("flushed_bytes", 0))
@@ -130,4 +133,8 @@ def referenced_blobs(conn: sqlite3.Connection) -> set[str]:
         for b in blob_ids_of(blob_id, parts)
     }
     out.update(r[0] for r in conn.execute("SELECT blob_id FROM parts"))
+    # Replicas held for other gateways of the fleet, staged or committed (store/replicas.py).
+    out.update(
+        r[0] for r in conn.execute("SELECT blob_id FROM replica_bodies WHERE blob_id IS NOT NULL")
+    )
     return out

@@ -66,6 +66,11 @@ class Fatal(FlushError):
     """A permanent failure (AccessDenied, NoSuchBucket, ...): mark failed, keep the data."""
 
 
+class ConditionFailed(Fatal):
+    """412 PreconditionFailed of a conditional write (If-None-Match, If-Match): the key's
+    state in the bucket is not what the write required (the fleet's claims, docs/fleet.md)."""
+
+
 class Corrupt(Fatal):
     """The local body no longer matches its acknowledged digest: found before sending, or
     the upstream re-hashed what we sent against the Content-MD5/checksum sent with it. Never
@@ -128,6 +133,10 @@ def _for_answer(exc: ClientError) -> FlushError:
     retry_after = _retry_after(meta.get("HTTPHeaders", {}))
     if code in _THROTTLE_CODES or status in (429, 503):
         return Throttled(message, retry_after_s=retry_after)
+    if code == "PreconditionFailed" or status == 412:
+        return ConditionFailed(message)
+    if code == "ConditionalRequestConflict":  # concurrent conditional writes: try again
+        return Retryable(message, retry_after_s=retry_after)
     if code in _RETRYABLE_CODES or status >= 500 or status in (408, 0):
         return Retryable(message, retry_after_s=retry_after)
     if code in _DIGEST_CODES:

@@ -34,7 +34,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
-from gateway.errors import NoSuchBucket, S3Error
+from gateway.errors import NoSuchBucket, NoSuchKey, S3Error
 from gateway.metrics import UPSTREAM_REQUESTS
 from gateway.models import (
     BucketInfo,
@@ -43,7 +43,7 @@ from gateway.models import (
     ObjectMeta,
     PartAttributes,
 )
-from gateway.upstream.classify import FlushError, for_client, for_flush
+from gateway.upstream.classify import ConditionFailed, FlushError, for_client, for_flush
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -150,7 +150,12 @@ class Upstream(Protocol):
     upstream's code passed through, or ServiceUnavailable when it cannot be reached).
     """
 
-    async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str: ...
+    async def put_object(
+        self, meta: ObjectMeta, body: BinaryIO, condition: Condition | None = None
+    ) -> str:
+        """PutObject; with a ``condition`` (``unchanged_since``), ConditionFailed when the
+        key is no longer as it was."""
+        ...
 
     async def put_multipart(
         self,
@@ -158,7 +163,10 @@ class Upstream(Protocol):
         parts: Sequence[PartSource],
         track: UploadTracker | None = None,
         run: RequestRunner | None = None,
-    ) -> str: ...
+        condition: Condition | None = None,
+    ) -> str:
+        """Multipart upload; a ``condition`` guards its CompleteMultipartUpload."""
+        ...
 
     async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> bool: ...
 
@@ -175,7 +183,12 @@ class Upstream(Protocol):
         ...
 
     async def complete_multipart(
-        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]]
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        parts: Sequence[tuple[int, str]],
+        condition: Condition | None = None,
     ) -> str:
         """CompleteMultipartUpload of (part number, ETag) in order; returns the ETag."""
         ...
@@ -185,7 +198,9 @@ class Upstream(Protocol):
         exactly ``key``. Raises a FlushError when the upstream cannot be asked."""
         ...
 
-    async def delete_object(self, bucket: str, key: str) -> None: ...
+    async def delete_object(
+        self, bucket: str, key: str, condition: Condition | None = None
+    ) -> None: ...
 
     async def head_object(self, bucket: str, key: str) -> ObjectMeta: ...
 
@@ -377,7 +392,9 @@ class AiobotocoreUpstream:
 
     # -- writes (flush) --------------------------------------------------------------------
 
-    async def put_object(self, meta: ObjectMeta, body: BinaryIO) -> str:
+    async def put_object(
+        self, meta: ObjectMeta, body: BinaryIO, condition: Condition | None = None
+    ) -> str:
         raw = _RAW_HEADERS.set(_raw_headers(meta))
         try:
             resp = await self._client.put_object(
@@ -386,9 +403,10 @@ class AiobotocoreUpstream:
                 ContentMD5=_b64_md5(meta.etag),
                 **_checksum_params(meta),
                 **_object_params(meta),
+                **(condition or {}),
             )
         except Exception as exc:  # classified: the flusher decides what it means
-            raise for_flush(exc) from exc
+            raise _conditional(exc, condition) from exc
         finally:
             _RAW_HEADERS.reset(raw)
         return str(resp.get("ETag", "")).strip('"')
@@ -399,6 +417,7 @@ class AiobotocoreUpstream:
         parts: Sequence[PartSource],
         track: UploadTracker | None = None,
         run: RequestRunner | None = None,
+        condition: Condition | None = None,
     ) -> str:
         """Upload as multipart with exactly these part boundaries (so the ETag matches);
         parts go in parallel, each request through ``run``. A failure that ``run`` gives up
@@ -423,7 +442,9 @@ class AiobotocoreUpstream:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(send(i, p)) for i, p in enumerate(parts, 1)]
             done = [t.result() for t in tasks]
-            etag = await runner(0, lambda: self.complete_multipart(bucket, key, upload_id, done))
+            etag = await runner(
+                0, lambda: self.complete_multipart(bucket, key, upload_id, done, condition)
+            )
         except BaseException as exc:
             aborted = await asyncio.shield(self.abort_multipart(bucket, key, upload_id))
             if aborted and track is not None:
@@ -467,14 +488,24 @@ class AiobotocoreUpstream:
         return str(resp.get("ETag", "")).strip('"')
 
     async def complete_multipart(
-        self, bucket: str, key: str, upload_id: str, parts: Sequence[tuple[int, str]]
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        parts: Sequence[tuple[int, str]],
+        condition: Condition | None = None,
     ) -> str:
         done = {"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e in parts]}
-        resp = await _flush_call(
-            self._client.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload=done
+        try:
+            resp = await self._client.complete_multipart_upload(
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload=done,
+                **(condition or {}),
             )
-        )
+        except Exception as exc:
+            raise _conditional(exc, condition) from exc
         return str(resp.get("ETag", "")).strip('"')
 
     async def list_open_uploads(self, bucket: str, key: str) -> list[tuple[str, float]]:
@@ -511,11 +542,13 @@ class AiobotocoreUpstream:
             return False
         return True
 
-    async def delete_object(self, bucket: str, key: str) -> None:
+    async def delete_object(
+        self, bucket: str, key: str, condition: Condition | None = None
+    ) -> None:
         try:
-            await self._client.delete_object(Bucket=bucket, Key=key)
+            await self._client.delete_object(Bucket=bucket, Key=key, **(condition or {}))
         except Exception as exc:
-            raise for_flush(exc) from exc
+            raise _conditional(exc, condition) from exc
 
     # -- reads (read-through) --------------------------------------------------------------
 
@@ -610,6 +643,54 @@ class AiobotocoreUpstream:
         if location:
             params["CreateBucketConfiguration"] = {"LocationConstraint": location}
         await self._call(lambda: self._client.create_bucket(**params))
+
+    # -- conditional writes: the fleet's claims (docs/fleet.md, "Node loss") -------------
+    # FlushError only (ConditionFailed for a 412), like the other write calls.
+
+    async def put_if_absent(self, bucket: str, key: str, body: bytes) -> bool:
+        """PUT ``body`` with ``If-None-Match: *``: True when created, False when the key
+        already existed (412)."""
+        try:
+            await self._client.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
+        except Exception as exc:
+            error = for_flush(exc)
+            if isinstance(error, ConditionFailed):
+                return False
+            raise error from exc
+        return True
+
+    async def get_small(self, bucket: str, key: str) -> bytes | None:
+        """The whole body of a small object, or None when there is none."""
+        try:
+            resp = await self._client.get_object(Bucket=bucket, Key=key)
+            async with resp["Body"] as stream:
+                return bytes(await stream.read())
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise for_flush(exc) from exc
+        except Exception as exc:
+            raise for_flush(exc) from exc
+
+    async def list_keys(self, bucket: str, prefix: str) -> list[str]:
+        """Every key under ``prefix`` (all pages); FlushError when it cannot be listed."""
+        keys: list[str] = []
+        try:
+            async for page in self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix
+            ):
+                keys += [str(o["Key"]) for o in page.get("Contents", [])]
+        except Exception as exc:
+            raise for_flush(exc) from exc
+        return keys
+
+    async def state_of(self, bucket: str, key: str) -> tuple[str, float] | None:
+        """(ETag, Last-Modified wall seconds) of the key in the bucket, or None."""
+        try:
+            head = await self.head_object(bucket, key)
+        except NoSuchKey:
+            return None
+        return head.etag, head.last_modified_s
 
     async def delete_bucket(self, bucket: str) -> None:
         await self._call(lambda: self._client.delete_bucket(Bucket=bucket))
@@ -717,6 +798,26 @@ def _checksum_params(meta: ObjectMeta) -> dict[str, str]:
         if value:
             return {param: value}
     return {}
+
+
+Condition = dict[str, str]
+"""Keyword arguments of a conditional write (IfMatch / IfNoneMatch), from ``unchanged_since``."""
+
+
+def unchanged_since(etag: str | None) -> Condition:
+    """The condition "the key is still as it was": ``If-Match`` its ETag, or
+    ``If-None-Match: *`` when there was none."""
+    return {"IfMatch": f'"{etag}"'} if etag is not None else {"IfNoneMatch": "*"}
+
+
+def _conditional(exc: Exception, condition: Condition | None) -> FlushError:
+    """``for_flush``, and a guarded write to a key that has gone since (404 to If-Match)
+    is a failed condition too."""
+    error = for_flush(exc)
+    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+    if condition and "IfMatch" in condition and code in ("NoSuchKey", "404"):
+        return ConditionFailed(str(error))
+    return error
 
 
 async def _flush_call(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:

@@ -224,6 +224,8 @@ class Bucket:
 class SimNode:
     """One gateway (see the module docstring). ``upload_s``: how long one upload takes."""
 
+    transport_class: type[SimTransport] = SimTransport
+
     def __init__(
         self,
         name: str,
@@ -252,11 +254,12 @@ class SimNode:
         self.released: set[int] = set()
         me = NodeInfo(name, disk.datadir_id, LoopClock().wall())
         config = FleetConfig(port=int(address.rpartition(":")[2]), lease_s=lease_s, refresh_s=5.0)
+        self.transport = self.transport_class(net, address)
         self.fleet = Fleet(
             me,
             config,
             StaticPeers(tuple(addresses)),
-            SimTransport(net, address),
+            self.transport,
             disk,
             LoopClock(),
             self._has_unflushed,
@@ -354,7 +357,9 @@ class SimNode:
         )
 
     async def _flush_loop(self) -> None:
-        while True:
+        # Not ``while True``: Python 3.11's wait_for can swallow the kill's cancellation,
+        # and a dead node must not go on flushing.
+        while self.is_up:
             ready = [
                 r for r in self.disk.pending.values() if not self.is_paused and self._may_flush(r)
             ]
@@ -363,17 +368,23 @@ class SimNode:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.changed.wait(), 0.5)
                 continue
-            row = min(ready, key=lambda r: r.seq)
-            await asyncio.sleep(self.rng.uniform(*self.upload_s))
-            current = self.disk.rows.get(row.key)
-            if current is row and not self.is_paused:
-                now_s = asyncio.get_running_loop().time()
-                self.bucket.put(row.key, row.value, now_s, row.is_delete)
-                row.state = "durable"
-                del self.disk.pending[row.key]
-                if row.is_delete:
-                    del self.disk.rows[row.key]
-                self.changed.set()
+            await self._flush_one(min(ready, key=lambda r: r.seq))
+
+    async def _flush_one(self, row: Row) -> None:
+        await asyncio.sleep(self.rng.uniform(*self.upload_s))
+        current = self.disk.rows.get(row.key)
+        if current is row and not self.is_paused:
+            now_s = asyncio.get_running_loop().time()
+            self.bucket.put(row.key, row.value, now_s, row.is_delete)
+            self._mark_durable(row)
+
+    def _mark_durable(self, row: Row) -> None:
+        row.state = "durable"
+        if self.disk.pending.get(row.key) is row:
+            del self.disk.pending[row.key]
+            if row.is_delete:
+                del self.disk.rows[row.key]
+        self.changed.set()
 
     def _has_unflushed(self, bucket: str, prefix: str) -> bool:
         return any(r.key.startswith(prefix) for r in self.disk.pending.values())
@@ -404,7 +415,7 @@ class SimNode:
                 and r.key.startswith(request.prefix)
                 and not (request.exclude_markers and r.is_marker)
             ]
-            if not left or loop.time() >= deadline_s:
+            if not left or loop.time() >= deadline_s - 1e-6:  # timers fire within 1e-9 s
                 size = sum(len(r.value) for r in left)
                 return DrainAnswer(self.fleet.me, not left, len(left), size)
             self.changed.clear()
@@ -458,15 +469,24 @@ class SimFleet:
         self.addresses = [f"10.0.0.{i + 1}:9000" for i in range(n)]
         self.lease_s = lease_s
         self.upload_s = upload_s
-        self.disks = {name: Disk() for name in self.names}
+        self.disks = {name: self.new_disk() for name in self.names}
         self.nodes: dict[str, SimNode] = {}
+
+    def new_disk(self) -> Disk:
+        return Disk()
 
     def address_of(self, name: str) -> str:
         return self.addresses[self.names.index(name)]
 
     def _build(self, name: str) -> SimNode:
+        node = self.make_node(name)
+        self.net.nodes[node.address] = node
+        self.nodes[name] = node
+        return node
+
+    def make_node(self, name: str) -> SimNode:
         address = self.address_of(name)
-        node = SimNode(
+        return SimNode(
             name,
             address,
             self.net,
@@ -477,9 +497,6 @@ class SimFleet:
             rng=self.rng,
             lease_s=self.lease_s,
         )
-        self.net.nodes[address] = node
-        self.nodes[name] = node
-        return node
 
     async def start(self) -> None:
         for name in self.names:
@@ -489,7 +506,7 @@ class SimFleet:
     async def restart(self, name: str, *, wipe: bool = False) -> SimNode:
         self.nodes[name].kill()
         if wipe:
-            self.disks[name] = Disk()
+            self.disks[name] = self.new_disk()
         node = self._build(name)
         await node.start()
         return node

@@ -15,10 +15,14 @@ from gateway.fleet.wire import (
     LeaseRequest,
     NodeInfo,
     PeerRow,
+    ReplicaCommit,
     WireError,
 )
+from gateway.models import ObjectMeta
 
 NODE = NodeInfo("a", "d1", 12.5, "zone-1")
+META = ObjectMeta("bkt", "ckpt/1/a", 5, "5d41402abc4b2a76b9719d911017c592", 3.0)
+COMMIT = ReplicaCommit("a", "d1", 7, META, False, ("s1",), (), 3.0)
 
 
 @pytest.mark.parametrize(
@@ -33,6 +37,10 @@ NODE = NodeInfo("a", "d1", 12.5, "zone-1")
         DrainRequest("bkt", "ckpt/1/", 10.0, exclude_markers=True),
         DrainRequest(None, "", 0.0),
         DrainAnswer(NODE, False, 3, 300, 1, 0),
+        DrainRequest("bkt", "p/", 0.0, True, "*", live_writers=("a/d1", "b/d2")),
+        COMMIT,
+        ReplicaCommit("a", "d1", 7, META, False, ("s1",), (), 3.0, b"hello\x00\xff"),
+        ReplicaCommit("a", "d1", 8, META, True, (), (), 3.0),
     ],
 )
 def test_messages_round_trip(message: object) -> None:
@@ -75,6 +83,19 @@ def test_peer_rows_round_trip() -> None:
         (DrainRequest, {"bucket": None, "prefix": "", "wait_s": 1e9, "exclude_markers": False}),
         (DrainAnswer, {"node": NODE.to_json(), "drained": "yes"}),
         (PeerRow, ["k", "3", "e", 1, 2, False]),
+        (
+            DrainRequest,
+            {
+                "bucket": None,
+                "prefix": "",
+                "wait_s": 0,
+                "exclude_markers": False,
+                "live_writers": "a/d1",
+            },
+        ),
+        (ReplicaCommit, {**COMMIT.to_json(), "body": "not base64!"}),
+        (ReplicaCommit, {**COMMIT.to_json(), "body": "QUJD" * 30_000}),  # over 64 KiB
+        (ReplicaCommit, {**COMMIT.to_json(), "stage_ids": ["s1", "s2"], "body": "QUJD"}),
     ],
 )
 def test_malformed_messages_are_wire_errors(kind: type, doc: object) -> None:

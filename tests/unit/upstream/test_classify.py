@@ -16,6 +16,7 @@ from botocore.exceptions import (
 from gateway.errors import InvalidRequest, SlowDown
 from gateway.models import ObjectMeta
 from gateway.upstream.classify import (
+    ConditionFailed,
     Corrupt,
     Fatal,
     Retryable,
@@ -47,6 +48,8 @@ def test_digest_refusals_are_local_corruption(code: str) -> None:
         ("AccessDenied", 403, Fatal),
         ("SlowDown", 503, Throttled),
         ("InternalError", 500, Retryable),
+        ("PreconditionFailed", 412, ConditionFailed),  # a conditional write lost
+        ("ConditionalRequestConflict", 409, Retryable),  # raced one in flight: ask again
     ],
 )
 def test_other_refusals_keep_their_class(code: str, status: int, kind: type) -> None:

@@ -1,0 +1,326 @@
+"""Replicas before the ack (docs/fleet.md, "Node loss"), the writer's side.
+
+``Replication.start(bucket, key)`` picks the version's holders (rendezvous hashing of the
+key over the reachable members, another zone first) and returns a ``ReplicaWrite``: its
+``tee`` passes the request body through while streaming it to every holder (each stages it
+durably and answers its MD5 and size), ``staged`` says which holders have it, and
+``commit`` commits the version on them after the writer's own journal commit. The write is
+acknowledged only after ``commit`` (``copies`` says on how many holders it is). A small
+body (``SMALL_BODY_BYTES``) is not streamed: it travels with the commit, which stages and
+commits it on the holder in one request and one fsync.
+
+Loop-bound. A holder that fails is left out of the rest of the write, never retried within
+it: the policy decides whether fewer copies may be acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from gateway import metrics
+from gateway.errors import SlowDown
+from gateway.fleet.membership import Member, Membership
+from gateway.fleet.transport import PeerTransport, PeerUnavailable
+from gateway.fleet.view import Holder
+from gateway.fleet.wire import INLINE_BODY_MAX_BYTES, NodeInfo, ReplicaCommit
+from gateway.models import ObjectMeta
+
+log = logging.getLogger(__name__)
+_QUEUE_PIECES = 4  # body pieces buffered per holder (the slowest holder paces the write)
+SMALL_BODY_BYTES = INLINE_BODY_MAX_BYTES
+_COMMIT_TIMEOUT_S = 10.0
+_BODY_TIMEOUT_S = 30.0  # a holder that takes a piece no faster than this is left out
+
+
+def rank(node_id: str, bucket: str, key: str) -> int:
+    """Rendezvous weight of ``node_id`` for ``bucket/key`` (higher: chosen first)."""
+    digest = hashlib.blake2b(f"{node_id}\x00{bucket}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def choose(
+    members: Sequence[Member], bucket: str, key: str, copies: int, zone: str | None
+) -> list[Member]:
+    """The ``copies`` holders of ``bucket/key`` among ``members``: by rendezvous weight,
+    members of another zone than ``zone`` first (when zones are known)."""
+
+    def weight(m: Member) -> tuple[bool, int]:
+        other_zone = zone is not None and m.info is not None and m.info.zone != zone
+        return (other_zone, rank(m.node_id, bucket, key))
+
+    return sorted(members, key=weight, reverse=True)[:copies]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPolicy:
+    copies: int  # N: holders an acknowledgement needs
+    is_strict: bool = True  # fewer than N: 503 SlowDown (strict) or acknowledge (degrade)
+
+
+class Replication:
+    """The writer's side (see the module docstring)."""
+
+    def __init__(
+        self,
+        me: NodeInfo,
+        membership: Membership,
+        transport: PeerTransport,
+        policy: ReplicaPolicy,
+    ) -> None:
+        self.me = me
+        self._membership = membership
+        self._transport = transport
+        self.policy = policy
+
+    def holders(self, bucket: str, key: str) -> list[Member]:
+        live = [m for m in self._membership.active() if m.is_reachable]
+        return choose(live, bucket, key, self.policy.copies, self.me.zone)
+
+    def start(
+        self,
+        bucket: str,
+        key: str,
+        *,
+        upload: tuple[str, int] | None = None,
+        size_hint: int | None = None,
+    ) -> ReplicaWrite:
+        """One write's replication (``size_hint``: the body's length when known). Raises
+        SlowDown when fewer than N members are reachable and the policy is strict (before
+        anything is written)."""
+        holders = self.holders(bucket, key)
+        self._enough(len(holders), f"{bucket}/{key}")
+        small = upload is None and size_hint is not None and size_hint <= SMALL_BODY_BYTES
+        return ReplicaWrite(self, bucket, key, holders, upload, is_small=small)
+
+    def _enough(self, copies: int, what: str) -> None:
+        if copies >= self.policy.copies:
+            return
+        if self.policy.is_strict:
+            raise SlowDown(
+                f"Only {copies} of the {self.policy.copies} replicas this gateway needs "
+                "(--replicas) can be written now; retry shortly."
+            )
+        metrics.REPLICA_DEGRADED.inc()
+        log.warning("%s: acknowledged with %d of %d replicas", what, copies, self.policy.copies)
+
+    @property
+    def transport(self) -> PeerTransport:
+        return self._transport
+
+
+class ReplicaWrite:
+    """One write's copies on its holders."""
+
+    def __init__(
+        self,
+        replication: Replication,
+        bucket: str,
+        key: str,
+        holders: list[Member],
+        upload: tuple[str, int] | None,
+        *,
+        is_small: bool = False,
+    ) -> None:
+        self._replication = replication
+        self._is_small = is_small
+        self.bucket = bucket
+        self.key = key
+        self.holders = holders
+        self.upload = upload
+        # A part's id names its upload and number (a part sent again replaces it there);
+        # a whole body's is fresh.
+        self.stage_id = f"{upload[0]}.{upload[1]}" if upload else uuid.uuid4().hex
+        self._queues: dict[str, asyncio.Queue[bytes | None]] = {}
+        self._sends: dict[str, asyncio.Task[tuple[str, int]]] = {}
+        self._small_body: bytes | None = None  # sent with the commit
+        self.failed: set[str] = set()
+
+    # -- the body -------------------------------------------------------------------------
+
+    async def tee(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """``chunks`` as they come, each also queued for every holder (a small body: kept
+        for the commit)."""
+        if self._is_small:
+            async for chunk in self._tee_small(chunks):
+                yield chunk
+            return
+        transport = self._replication.transport
+        owner = self._replication.me.node_id
+        for member in self.holders:
+            queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_PIECES)
+            self._queues[member.node_id] = queue
+            body = _drain(queue)
+            send = transport.replica_body(
+                member.address,
+                owner,
+                self.stage_id,
+                self.bucket,
+                self.key,
+                self.upload,
+                body,
+                _BODY_TIMEOUT_S,
+            )
+            self._sends[member.node_id] = asyncio.ensure_future(send)
+        try:
+            async for chunk in chunks:
+                await self._put(chunk)
+                yield chunk
+            await self._put(None)
+        except BaseException:
+            self.abort()
+            raise
+
+    async def _tee_small(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        pieces = []
+        size = 0
+        async for chunk in chunks:
+            pieces.append(chunk)
+            size += len(chunk)
+            yield chunk
+        if size <= SMALL_BODY_BYTES:  # else (a short size hint): committed without it
+            self._small_body = b"".join(pieces)
+
+    async def _put(self, piece: bytes | None) -> None:
+        for node, queue in self._queues.items():
+            if node in self.failed:
+                continue
+            send = self._sends[node]
+            if send.done():  # it failed (a holder never answers before the end)
+                self._fail(node, send)
+                continue
+            put = asyncio.ensure_future(queue.put(piece))
+            done, _ = await asyncio.wait(
+                {put, send}, timeout=_BODY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            if put not in done:
+                put.cancel()
+                self._fail(node, send)
+
+    def _fail(self, node: str, send: asyncio.Task[tuple[str, int]]) -> None:
+        self.failed.add(node)
+        send.cancel()
+        log.warning("replica of %s/%s on %s: left out", self.bucket, self.key, node)
+
+    def abort(self) -> None:
+        """The write failed here: stop every stream (holders discard what they got)."""
+        for send in self._sends.values():
+            send.cancel()
+
+    async def staged(self, md5_hex: str, size_bytes: int) -> list[Member]:
+        """The holders that staged the body (its MD5 and size as written here). Strict
+        policy: SlowDown when fewer than N did (nothing is committed anywhere then). A
+        small body is with every holder so far: it travels with the commit."""
+        if self._small_body is not None:
+            return list(self.holders)
+        out = []
+        for member in self.holders:
+            send = self._sends.get(member.node_id)
+            if send is None or member.node_id in self.failed:
+                continue
+            try:
+                got_md5, got_size = await send
+            except (PeerUnavailable, asyncio.CancelledError) as exc:
+                log.warning(
+                    "replica of %s/%s on %s failed: %s", self.bucket, self.key, member.node_id, exc
+                )
+                self.failed.add(member.node_id)
+                continue
+            if (got_md5, got_size) != (md5_hex, size_bytes):
+                log.error(
+                    "replica of %s/%s on %s differs: %s/%d, here %s/%d",
+                    self.bucket,
+                    self.key,
+                    member.node_id,
+                    got_md5,
+                    got_size,
+                    md5_hex,
+                    size_bytes,
+                )
+                self.failed.add(member.node_id)
+                continue
+            out.append(member)
+        if len(out) < self._replication.policy.copies and self._replication.policy.is_strict:
+            raise SlowDown(
+                f"Only {len(out)} of the {self._replication.policy.copies} replicas this "
+                "gateway needs (--replicas) could be written; retry shortly."
+            )
+        return out
+
+    # -- the commit -----------------------------------------------------------------------
+
+    async def commit(
+        self,
+        holders: Sequence[Holder],
+        seq: int,
+        meta: ObjectMeta,
+        acked_s: float,
+        *,
+        is_delete: bool = False,
+        stage_ids: Sequence[str] = (),
+        parts: Sequence[tuple[int, str]] = (),
+        resend: Callable[[str], AsyncIterator[bytes]] | None = None,
+    ) -> int:
+        """Commit the version on ``holders``; returns on how many it is committed. A holder
+        missing a body gets it again from ``resend(stage_id)`` (a part of a multipart upload
+        it did not stage), then the commit once more."""
+        me = self._replication.me
+        doc = ReplicaCommit(
+            me.node_id,
+            me.datadir_id,
+            seq,
+            meta,
+            is_delete,
+            tuple(stage_ids),
+            tuple(parts),
+            acked_s,
+            self._small_body if list(stage_ids) == [self.stage_id] else None,
+        )
+        chosen = [m for m in self.holders if m.node_id in {h.node_id for h in holders}]
+        results = await asyncio.gather(*(self._commit_one(m, doc, resend) for m in chosen))
+        copies = sum(results)
+        self._replication._enough(copies, f"{meta.bucket}/{meta.key}")
+        return copies
+
+    async def _commit_one(
+        self,
+        member: Member,
+        doc: ReplicaCommit,
+        resend: Callable[[str], AsyncIterator[bytes]] | None,
+    ) -> bool:
+        transport = self._replication.transport
+        try:
+            missing = await transport.replica_commit(member.address, doc, _COMMIT_TIMEOUT_S)
+            if missing and resend is not None:
+                owner = self._replication.me.node_id
+                for stage_id in missing:
+                    await transport.replica_body(
+                        member.address,
+                        owner,
+                        stage_id,
+                        self.bucket,
+                        self.key,
+                        None,
+                        resend(stage_id),
+                        _BODY_TIMEOUT_S,
+                    )
+                missing = await transport.replica_commit(member.address, doc, _COMMIT_TIMEOUT_S)
+        except PeerUnavailable as exc:
+            log.warning(
+                "replica commit of %s/%s on %s failed: %s",
+                doc.meta.bucket,
+                doc.meta.key,
+                member.node_id,
+                exc,
+            )
+            return False
+        return not missing
+
+
+async def _drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    while (piece := await queue.get()) is not None:
+        yield piece

@@ -1,0 +1,372 @@
+"""Takeover (docs/fleet.md, "Takeover"): the members holding a lost writer's replicas upload
+them, exactly one per version (``claims.py``), never an older version over a newer one.
+
+- ``UploadClaims`` is what the flusher asks of every upload when replicas are on: claim the
+  version first (its writer claims like anyone: a member may have taken it over while this
+  node was cut off), and mark it done after.
+- ``Takeover.run`` is the holders' loop: every few seconds, for each writer it holds
+  replicas of that is lost (silent for ``peer_timeout_s``, or back with a new data dir),
+  claim and upload each version; and, for writers that are not lost, ask which versions
+  they still need held (``replica/needed``) and drop the rest.
+
+Loop-bound; blocking file work in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import io
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from gateway import metrics
+from gateway.clock import Clock
+from gateway.fleet.claims import Claims, Outcome, Version
+from gateway.fleet.membership import Membership
+from gateway.fleet.transport import PeerTransport, PeerUnavailable
+from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest, NodeInfo
+from gateway.models import LocalObject
+from gateway.store.blobs import BlobStore, close_bodies, open_bodies
+from gateway.store.replicas import Replica, ReplicaStore
+from gateway.upstream.classify import ConditionFailed, FlushError
+from gateway.upstream.client import AiobotocoreUpstream, PartSource, unchanged_since
+
+log = logging.getLogger(__name__)
+_ROUND_S = 1.0  # how often lost writers are looked for (and held replicas counted)
+_NEEDED_EVERY_S = 30.0  # how often a live writer is asked which replicas it still needs
+_STAGED_TTL_S = 24 * 3600.0  # a staged body never committed is dropped after this
+# A version is older than what the bucket holds when the bucket's copy was written this
+# long after the version's acknowledgement (the clocks of the bucket and the writer differ).
+_NEWER_MARGIN_S = 2.0
+
+
+class Decision(enum.Enum):
+    UPLOAD = "upload"
+    DONE = "done"  # uploaded by another node: nothing to send, it is durable
+    WAIT = "wait"  # another node, not lost, holds the claim: look again later
+
+
+class UploadClaims:
+    """The flusher's side of claims (see the module docstring)."""
+
+    def __init__(self, claims: Claims, me: NodeInfo) -> None:
+        self._claims = claims
+        self._me = me
+
+    def _version(self, obj: LocalObject) -> Version:
+        meta, me = obj.meta, self._me
+        etag = "" if obj.is_delete else meta.etag
+        return Version(meta.bucket, meta.key, obj.acked_s, me.node_id, me.datadir_id, obj.seq, etag)
+
+    async def before_upload(self, obj: LocalObject) -> str:
+        claim = await self._claims.claim(self._version(obj))
+        if claim.outcome is Outcome.DONE:
+            log.info(
+                "%s/%s seq=%d was uploaded by another gateway (taken over)",
+                obj.meta.bucket,
+                obj.meta.key,
+                obj.seq,
+            )
+            return Decision.DONE.value
+        if claim.outcome is Outcome.HELD:
+            return Decision.WAIT.value
+        return Decision.UPLOAD.value
+
+    async def after_upload(self, obj: LocalObject) -> None:
+        await self._claims.done(self._version(obj))
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverConfig:
+    peer_timeout_s: float = 30.0
+    is_marker: Callable[[str], bool] = lambda key: False
+
+
+class Takeover:
+    """The holders' loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        me: NodeInfo,
+        membership: Membership,
+        transport: PeerTransport,
+        store: ReplicaStore,
+        blobs: BlobStore,
+        upstream: AiobotocoreUpstream,
+        claims: Claims,
+        clock: Clock,
+        config: TakeoverConfig,
+        held_bytes: Callable[[], int],
+        wait_fleet_drained: Callable[[str, str, str], Awaitable[bool]] | None = None,
+    ) -> None:
+        self._me = me
+        self._membership = membership
+        self._transport = transport
+        self._store = store
+        self._blobs = blobs
+        self._upstream = upstream
+        self._claims = claims
+        self._clock = clock
+        self._config = config
+        self._held_bytes = held_bytes
+        self._wait_drained = wait_fleet_drained
+        self._asked_s: dict[tuple[str, str], float] = {}
+        self._heard: dict[str, tuple[str, float]] = {}  # writer -> (data dir, monotonic s)
+        self._gone: set[tuple[str, str]] = set()  # (writer, data dir) it no longer runs on
+        # Versions this node claimed and has not finished: finished even if their writer
+        # comes back meanwhile (it waits on the claim).
+        self._unfinished: set[tuple[str, str, int]] = set()
+        # Replicas held here, by writer, as of the last round (the status says so).
+        self.held: list[dict[str, object]] = []
+
+    def is_lost(
+        self, node_id: str, datadir_id: str | None = None, alive_at_s: float | None = None
+    ) -> bool:
+        """Lost by this node's view: not a member (forgotten), started from another data
+        dir than ``datadir_id`` after ``alive_at_s`` (when that data dir was last known
+        alive, on the node's own clock; None: any time), or silent for ``peer_timeout_s``.
+        A data dir newer than this node has heard of is not lost: its view is behind."""
+        if node_id == self._me.node_id:
+            return datadir_id is not None and datadir_id != self._me.datadir_id
+        if datadir_id is not None and (node_id, datadir_id) in self._gone:
+            return True
+        heard = self._heard.get(node_id)
+        if heard is not None and self._clock.monotonic() - heard[1] < self._config.peer_timeout_s:
+            # It committed a replica here lately: alive, with that data dir (membership
+            # may not have heard from it yet).
+            return datadir_id is not None and datadir_id != heard[0]
+        member = self._membership.get(node_id)
+        if member is None:
+            return True
+        info = member.info
+        if (
+            datadir_id is not None
+            and info is not None
+            and info.datadir_id != datadir_id
+            and info.started_s > 0
+            and (alive_at_s is None or info.started_s > alive_at_s)
+        ):
+            return True  # it answered since, from a data dir it started after that one
+        if member.is_reachable is not False or member.unreachable_since_s is None:
+            return False
+        # Silent: neither answering nor asking (a node back from a restart asks for its
+        # leases before it flushes anything).
+        silent_since_s = max(member.unreachable_since_s, member.heard_s or float("-inf"))
+        return self._clock.monotonic() - silent_since_s >= self._config.peer_timeout_s
+
+    def claimant_lost(self, node_id: str, datadir_id: str, started_s: float) -> bool:
+        """Whether a claim's claimant (an incarnation) is gone: lost, or restarted since
+        (a claim dies with the process that made it)."""
+        if node_id == self._me.node_id:
+            return started_s != self._me.started_s or datadir_id != self._me.datadir_id
+        member = self._membership.get(node_id)
+        restarted = (
+            member is not None
+            and member.info is not None
+            and member.info.datadir_id == datadir_id
+            and member.info.started_s > started_s
+        )
+        return restarted or self.is_lost(node_id, datadir_id, started_s)
+
+    def heard_from(self, owner: str, datadir_id: str) -> None:
+        """A writer committed a replica here: it is alive, with this data dir."""
+        self._heard[owner] = (datadir_id, self._clock.monotonic())
+
+    async def owner_answer(self, ask: DrainRequest) -> DrainAnswer:
+        """This node's part of a lost writer's drain: its replicas of ``ask.owner`` under
+        the prefix not uploaded yet (markers aside, when asked)."""
+        assert ask.owner is not None
+        if ask.owner == ANY_LOST_WRITER:
+            live = set(ask.live_writers)
+            held = [
+                r
+                for owner, datadir, *_ in await self._store.owners()
+                if f"{owner}/{datadir}" not in live
+                for r in await self._store.of_owner(owner, datadir)
+            ]
+        else:
+            held = await self._store.of_owner(ask.owner, ask.owner_datadir)
+        left = [
+            r
+            for r in held
+            if not r.is_uploaded
+            and r.meta.key.startswith(ask.prefix)
+            and (ask.bucket is None or r.meta.bucket == ask.bucket)
+            and not (ask.exclude_markers and self._config.is_marker(r.meta.key))
+        ]
+        size = sum(r.meta.size_bytes for r in left)
+        return DrainAnswer(self._me, not left, len(left), size)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except Exception:  # the worker loop: logged, the next round runs
+                log.exception("takeover round failed")
+            await asyncio.sleep(_ROUND_S)
+
+    async def round(self) -> None:
+        """One look at every writer this node holds replicas for."""
+        await self._blobs.discard(
+            await self._store.drop_stale_staged(self._clock.wall() - _STAGED_TTL_S)
+        )
+        held = []
+        for owner, datadir, versions, size, newest_s in await self._store.owners():
+            lost = self.is_lost(owner, datadir, newest_s)
+            held.append(
+                {
+                    "writer": owner,
+                    "datadir_id": datadir,
+                    "objects": versions,
+                    "bytes": size,
+                    "writer_lost": lost,
+                }
+            )
+            if lost:
+                await self._take_over(owner, datadir)
+            else:
+                await self._finish_claimed(owner, datadir)
+                await self._forget_unneeded(owner, datadir)
+        self.held = held
+        metrics.REPLICA_HELD_BYTES.set(self._held_bytes())
+
+    async def _forget_unneeded(self, owner: str, datadir: str) -> None:
+        """Ask a live writer which of its versions held here it still needs."""
+        now_s = self._clock.monotonic()
+        if now_s - self._asked_s.get((owner, datadir), float("-inf")) < _NEEDED_EVERY_S:
+            return
+        member = self._membership.get(owner)
+        if member is None or not member.is_reachable:
+            return
+        held = await self._store.of_owner(owner, datadir)
+        if not held:
+            return
+        try:
+            answer = await self._transport.replica_needed(
+                member.address, owner, datadir, [r.seq for r in held], 10.0
+            )
+        except PeerUnavailable:
+            return
+        self._asked_s[(owner, datadir)] = now_s
+        if answer is None:  # it runs on another data dir: these are a lost writer's
+            self._gone.add((owner, datadir))
+            return
+        needed = set(answer)
+        done = [r.seq for r in held if r.seq not in needed]
+        if done:
+            await self._blobs.discard(await self._store.drop(owner, datadir, done))
+
+    async def _finish_claimed(self, owner: str, datadir: str) -> None:
+        """Versions claimed here while their writer was lost: their writer, back, waits on
+        this node's claim."""
+        for replica in await self._store.of_owner(owner, datadir):
+            if replica.version in self._unfinished and not replica.is_uploaded:
+                await self._take_one(replica)
+
+    async def _take_over(self, owner: str, datadir: str) -> None:
+        for replica in await self._store.of_owner(owner, datadir):
+            if replica.is_uploaded:
+                continue
+            if self._config.is_marker(replica.meta.key) and self._wait_drained is not None:
+                continue  # markers go last: see take_over_markers
+            await self._take_one(replica)
+        for replica in await self._store.of_owner(owner, datadir):
+            if not replica.is_uploaded and self._config.is_marker(replica.meta.key):
+                parent = replica.meta.key.rpartition("/")[0] + "/"
+                assert self._wait_drained is not None
+                me = f"{self._me.node_id}/{self._me.datadir_id}"
+                if await self._wait_drained(replica.meta.bucket, parent, me):
+                    await self._take_one(replica)  # else: its directory is not drained yet
+
+    async def _take_one(self, replica: Replica) -> None:
+        version = Version(
+            replica.meta.bucket,
+            replica.meta.key,
+            replica.acked_s,
+            replica.owner,
+            replica.datadir_id,
+            replica.seq,
+            "" if replica.is_delete else replica.meta.etag,
+        )
+        try:
+            claim = await self._claims.claim(version)
+            if claim.outcome is Outcome.HELD:
+                return
+            if claim.outcome is Outcome.WON:
+                self._unfinished.add(replica.version)
+                await self._upload(replica, version)
+                await self._claims.done(version)  # also when not sent: nothing left to do
+                self._unfinished.discard(replica.version)
+                metrics.TAKEOVERS.inc()
+                log.warning(
+                    "took over %s/%s seq=%d of lost gateway %s",
+                    replica.meta.bucket,
+                    replica.meta.key,
+                    replica.seq,
+                    replica.owner,
+                )
+        except FlushError as exc:
+            log.warning(
+                "takeover of %s/%s: %s (next round)", replica.meta.bucket, replica.meta.key, exc
+            )
+            return
+        await self._store.mark_uploaded(*replica.version)
+        await self._blobs.discard(
+            await self._store.drop(replica.owner, replica.datadir_id, [replica.seq])
+        )
+
+    async def _upload(self, replica: Replica, version: Version) -> None:
+        """Upload one version unless a newer one was claimed (by its writer or another) or
+        the bucket holds a newer one; guarded by the state read (If-Match /
+        If-None-Match), so a newer version that lands after the look fails the write and
+        is seen at the next look."""
+        meta = replica.meta
+        for _ in range(3):
+            state = await self._upstream.state_of(meta.bucket, meta.key)
+            if state is not None and state[0] == meta.etag and not replica.is_delete:
+                return  # already there (its writer uploaded it before it was lost)
+            claimed = await self._claims.claimed(version)
+            if any(other.is_newer_than(version) for other in claimed):
+                log.info(
+                    "%s/%s: a newer version was claimed; not taken over", meta.bucket, meta.key
+                )
+                return
+            # Written by something that does not claim (not a gateway with replicas on):
+            # ordered by the bucket's clock against the acknowledgement.
+            foreign = state is not None and state[0] not in {c.etag for c in claimed}
+            if foreign and state is not None and state[1] > replica.acked_s + _NEWER_MARGIN_S:
+                log.info(
+                    "%s/%s: the bucket holds a newer version; not taken over", meta.bucket, meta.key
+                )
+                return
+            try:
+                await self._send(replica, None if state is None else state[0])
+                return
+            except ConditionFailed:
+                continue  # the key changed between the read and the write: look again
+        raise FlushError(f"{meta.bucket}/{meta.key} keeps changing in the bucket")
+
+    async def _send(self, replica: Replica, etag: str | None) -> None:
+        meta = replica.meta
+        guard = unchanged_since(etag)
+        if replica.is_delete:
+            if etag is not None:
+                await self._upstream.delete_object(meta.bucket, meta.key, guard)
+            return
+        if replica.body is not None:  # a small body kept in the journal
+            await self._upstream.put_object(meta, io.BytesIO(replica.body), guard)
+            return
+        files = await asyncio.to_thread(open_bodies, self._blobs, replica.blob_ids)
+        try:
+            if replica.parts:
+                sources = [
+                    PartSource(f, size, part_etag)
+                    for f, (size, part_etag) in zip(files, replica.parts, strict=True)
+                ]
+                await self._upstream.put_multipart(meta, sources, condition=guard)
+            else:
+                await self._upstream.put_object(meta, files[0], guard)
+        finally:
+            await asyncio.to_thread(close_bodies, files)

@@ -1,0 +1,292 @@
+"""Replicas before the ack and takeover (docs/fleet.md, "Node loss") over real sockets:
+three gateway processes with ``--replicas 1`` on one moto upstream; a writer killed (and
+its disk wiped) mid-burst; every acknowledged object ends upstream with its ETag, exactly
+once, the commit marker after its shards.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from fleetutil import fleet_of, until, wait_joined
+from harness import (
+    REPO_ROOT,
+    UPSTREAM_SECRET_KEY,
+    GatewayProcess,
+    error_code,
+    error_status,
+    http_request,
+    payload,
+    quoted_md5,
+    read_body,
+    upstream_client,
+)
+
+from gateway.fleet import auth
+from gateway.fleet.wire import ReplicaCommit
+from gateway.models import ObjectMeta
+
+REPLICAS = ("--replicas", "1", "--peer-timeout", "4.5")
+CONTROL = ".gateway/"
+
+
+def data_objects(upstream: Any, bucket: str, prefix: str = "") -> dict[str, dict[str, Any]]:
+    """The bucket's objects, the fleet's own claims left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for page in upstream.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            if not obj["Key"].startswith(CONTROL):
+                out[obj["Key"]] = obj
+    return out
+
+
+def replicas_held(gw: GatewayProcess) -> list[tuple[str, str]]:
+    """(writer, key) of every replica ``gw`` holds (its journal, read-only)."""
+    conn = sqlite3.connect(f"file:{gw.data_dir / 'journal.db'}?mode=ro", uri=True)
+    try:
+        return [(str(o), str(k)) for o, k in conn.execute("SELECT owner, key FROM replicas")]
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def trio(moto_server: str, tmp_path: Path) -> Iterator[list[GatewayProcess]]:
+    gateways = fleet_of(tmp_path, moto_server, ("a", "b", "c"), REPLICAS)
+    try:
+        for gw in gateways:
+            gw.start()
+        wait_joined(gateways, ("a", "b", "c"))
+        yield gateways
+    finally:
+        for gw in gateways:
+            gw.stop()
+
+
+def test_an_ack_means_a_replica_is_durable_on_a_member(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    a, b, c = trio
+    b.pause_flush()
+    keys = [f"rep/{i}" for i in range(6)]
+    for key in keys:
+        b.client().put_object(Bucket=bucket, Key=key, Body=payload(5000, key))
+    held = {k for gw in (a, c) for owner, k in replicas_held(gw) if owner == "b"}
+    assert held == set(keys)  # each on exactly the member rendezvous hashing chose
+    assert not replicas_held(b)
+
+    def held_for_b(gw: GatewayProcess) -> int:
+        rep = gw.admin_get("/admin/v1/fleet")["replicas"]
+        return sum(int(h["objects"]) for h in rep["held_for"] if h["writer"] == "b")
+
+    # The status says it too (refreshed by the holders' loop every 5 s).
+    until(lambda: held_for_b(a) + held_for_b(c) == len(keys), 20)
+    shown = subprocess.run(
+        [sys.executable, "-m", "gateway", "fleet", "--admin", a.admin],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert "replicas: 1 per write (strict)" in shown.stdout, shown.stdout
+    b.resume_flush()
+    b.drained(bucket=bucket)
+    # Once durable upstream the holders drop them (they ask the writer every 30 s; a
+    # restart of the holders' loop is not waited for here): the writer no longer needs them.
+    upstream = upstream_client(b.upstream_url)
+    assert {k: o["ETag"] for k, o in data_objects(upstream, bucket).items()} == {
+        k: quoted_md5(payload(5000, k)) for k in keys
+    }
+
+
+def test_the_writer_lost_with_its_disk_mid_burst_loses_nothing(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    a, b, c = trio
+    upstream = upstream_client(b.upstream_url)
+    b.pause_flush()
+    shards = {}
+    for gw in trio:
+        for i in range(4):
+            key = f"ckpt/9/{gw.data_dir.name}_{i}"
+            shards[key] = payload(3000 + i, key)
+            gw.client().put_object(Bucket=bucket, Key=key, Body=shards[key])
+    a.client().put_object(Bucket=bucket, Key="ckpt/9/.metadata", Body=b"meta")
+    b.kill()
+    shutil.rmtree(b.data_dir)  # the node is gone with its disk
+    deadline = time.monotonic() + 60
+    while True:  # the bucket never shows the marker before every shard
+        seen = data_objects(upstream, bucket, "ckpt/9/")
+        if "ckpt/9/.metadata" in seen:
+            assert set(shards) <= set(seen), sorted(set(shards) - set(seen))
+            break
+        assert time.monotonic() < deadline, f"not taken over: {sorted(seen)}"
+    for key, data in shards.items():
+        assert seen[key]["ETag"] == quoted_md5(data), key
+        assert read_body(upstream.get_object(Bucket=bucket, Key=key)) == data
+    taken = a.metric("gateway_takeovers") + c.metric("gateway_takeovers")
+    assert taken == 4  # b's four shards, each by exactly one holder
+
+
+def test_a_writer_back_with_its_disk_does_not_upload_what_was_taken_over(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    _, b, _ = trio
+    upstream = upstream_client(b.upstream_url)
+    b.pause_flush()
+    b.client().put_object(Bucket=bucket, Key="back/k", Body=b"from b")
+    b.kill()
+    until(lambda: "back/k" in data_objects(upstream, bucket), 60)
+    b.start()  # its flusher resumes (the pause is not kept across a restart)
+    until(lambda: b.object_state(bucket, "back/k")["state"] == "durable", 30)
+    assert "was uploaded by another gateway" in b.logged("was uploaded by another gateway")
+    assert read_body(upstream.get_object(Bucket=bucket, Key="back/k")) == b"from b"
+
+
+def test_reads_of_a_lost_writers_objects_come_from_its_replicas(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    a, b, c = trio
+    b.pause_flush()
+    data = payload(200_000, "lost-read")
+    b.client().put_object(Bucket=bucket, Key="lr/k", Body=data)
+    b.kill()
+    until(lambda: a.admin_get("/admin/v1/fleet")["members"][0]["state"] == "unreachable", 20)
+    got = c.client().get_object(Bucket=bucket, Key="lr/k", Range="bytes=100-199")
+    assert read_body(got) == data[100:200]
+    whole = a.client().get_object(Bucket=bucket, Key="lr/k")
+    assert read_body(whole) == data and whole["ETag"] == quoted_md5(data)
+
+
+def test_strict_refuses_what_cannot_be_replicated_and_degrade_acknowledges_it(
+    moto_server: str, tmp_path: Path, bucket: str
+) -> None:
+    pair = fleet_of(tmp_path / "strict", moto_server, ("a", "b"), REPLICAS)
+    for gw in pair:
+        gw.start()
+    try:
+        wait_joined(pair, ("a", "b"))
+        pair[1].kill()
+        until(lambda: pair[0].admin_get("/admin/v1/fleet")["members"][0]["state"] == "unreachable")
+        with pytest.raises(ClientError) as refused:
+            pair[0].client().put_object(Bucket=bucket, Key="s/k", Body=b"x")
+        assert error_code(refused.value) == "SlowDown" and error_status(refused.value) == 503
+        with pytest.raises(ClientError):
+            pair[0].client().head_object(Bucket=bucket, Key="s/k")  # nothing committed
+    finally:
+        for gw in pair:
+            gw.stop()
+    degrade = fleet_of(
+        tmp_path / "degrade", moto_server, ("a", "b"), [*REPLICAS, "--replica-policy", "degrade"]
+    )
+    for gw in degrade:
+        gw.start()
+    try:
+        wait_joined(degrade, ("a", "b"))
+        degrade[1].kill()
+        until(
+            lambda: degrade[0].admin_get("/admin/v1/fleet")["members"][0]["state"] == "unreachable"
+        )
+        degrade[0].client().put_object(Bucket=bucket, Key="d/k", Body=b"x")
+        assert degrade[0].metric("gateway_replica_degraded_acks") >= 1
+    finally:
+        for gw in degrade:
+            gw.stop()
+
+
+def test_multipart_uploads_are_replicated_and_taken_over(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    _, b, _ = trio
+    upstream = upstream_client(b.upstream_url)
+    b.pause_flush()
+    s3 = b.client()
+    parts = [payload(5 << 20, "p1"), payload(1000, "p2")]
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="mp/obj")["UploadId"]
+    done = [
+        {"PartNumber": n, "ETag": s3.upload_part(
+            Bucket=bucket, Key="mp/obj", UploadId=upload, PartNumber=n, Body=body
+        )["ETag"]}
+        for n, body in enumerate(parts, 1)
+    ]  # fmt: skip
+    etag = s3.complete_multipart_upload(
+        Bucket=bucket, Key="mp/obj", UploadId=upload, MultipartUpload={"Parts": done}
+    )["ETag"]
+    b.kill()
+    shutil.rmtree(b.data_dir)
+    until(lambda: "mp/obj" in data_objects(upstream, bucket), 60)
+    head = upstream.head_object(Bucket=bucket, Key="mp/obj")
+    assert head["ETag"] == etag  # same part boundaries
+    assert read_body(upstream.get_object(Bucket=bucket, Key="mp/obj")) == b"".join(parts)
+
+
+def test_the_control_prefix_is_never_listed_or_served(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    a, _, _ = trio
+    a.client().put_object(Bucket=bucket, Key="visible", Body=b"v")
+    a.drained(bucket=bucket)
+    upstream = upstream_client(a.upstream_url)
+    assert any(
+        o["Key"].startswith(CONTROL) for o in upstream.list_objects_v2(Bucket=bucket)["Contents"]
+    )
+    listed = a.client().list_objects_v2(Bucket=bucket)
+    assert [o["Key"] for o in listed["Contents"]] == ["visible"]
+    top = a.client().list_objects_v2(Bucket=bucket, Delimiter="/")
+    assert "CommonPrefixes" not in top
+    claim = next(
+        o["Key"]
+        for o in upstream.list_objects_v2(Bucket=bucket)["Contents"]
+        if o["Key"].startswith(CONTROL)
+    )
+    for call in (
+        lambda: a.client().get_object(Bucket=bucket, Key=claim),
+        lambda: a.client().put_object(Bucket=bucket, Key=CONTROL + "x", Body=b"x"),
+        lambda: a.client().delete_object(Bucket=bucket, Key=claim),
+    ):
+        with pytest.raises(ClientError) as denied:
+            call()
+        assert error_code(denied.value) == "AccessDenied"
+
+
+def _commit_request(
+    gw: GatewayProcess, doc: dict[str, Any], body: bytes, secret: bytes | None
+) -> tuple[int, Any]:
+    """``PUT replica/commit`` (a small body with its commit) as a peer sends it."""
+    path = "/_gateway/peer/v1/replica/commit"
+    query = "commit=" + base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+    headers = (
+        {} if secret is None else auth.sign(secret, "PUT", path, query, "x", time.time(), None)
+    )
+    resp = http_request("PUT", f"{gw.endpoint}{path}?{query}", body=body, headers=headers)
+    return resp.status, json.loads(resp.body) if resp.body else None
+
+
+def test_a_small_body_with_its_commit_refuses_what_is_not_one(
+    trio: list[GatewayProcess], bucket: str, upstream: Any
+) -> None:
+    """A small body travels with its replica commit: unsigned, malformed, too large or
+    damaged requests are refused and hold nothing; a good one is held and, its writer
+    being no member (lost), taken over into the bucket with its ETag."""
+    a, _, _ = trio
+    secret = auth.derive_secret(UPSTREAM_SECRET_KEY)
+    body = b"a small body"
+    meta = ObjectMeta(bucket, "ghost/k", len(body), hashlib.md5(body).hexdigest(), time.time())
+    doc = ReplicaCommit("ghost", "d0", 1, meta, False, ("s1",), (), time.time()).to_json()
+    assert _commit_request(a, doc, body, None)[0] == 403
+    assert _commit_request(a, {"owner": "ghost"}, body, secret)[0] == 400
+    assert _commit_request(a, doc, bytes(65 * 1024), secret)[0] == 400
+    assert _commit_request(a, doc, b"a damaged body", secret) == (200, {"missing": ["s1"]})
+    assert not replicas_held(a)
+    assert _commit_request(a, doc, body, secret) == (200, {"missing": []})
+    assert replicas_held(a) == [("ghost", "ghost/k")]
+    until(lambda: "ghost/k" in data_objects(upstream, bucket, "ghost/"), 30)
+    assert data_objects(upstream, bucket, "ghost/")["ghost/k"]["ETag"] == quoted_md5(body)

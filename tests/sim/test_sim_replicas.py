@@ -1,0 +1,285 @@
+"""Replicas and takeover in the fake-clock simulator (replica_sim.py): 3-4 gateways with
+``--replicas 1`` writing checkpoints (shards, an overwritten pointer per node, markers)
+while nodes are killed, wiped, restarted, partitioned and paused at random points.
+
+Promises checked (docs/fleet.md, "Node loss"), over every seed:
+- no acknowledged write is lost while at most N=1 of the nodes holding it fails: the
+  bucket ends with the newest acknowledged version of every key (or a newer one that was
+  written and not acknowledged);
+- no stale overwrite: the versions of a key reach the bucket in the order they were
+  written;
+- one uploader per version: no version is sent by two nodes (when no partition cut a
+  running writer off its taker-over: then both may send the same bytes, never an older
+  version over a newer);
+- markers never before their shards (whoever wrote or took them over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import os
+from collections import defaultdict
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from fleet_sim import MARKER, Row
+from replica_sim import Refused, ReplicaFleet, ReplicaNode, settle
+from virtual_time import run
+
+PEER_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Ledger:
+    """What the clients were told: every attempt of a key, in the order written."""
+
+    attempts: dict[str, list[tuple[str, bool]]] = field(default_factory=lambda: defaultdict(list))
+    order: dict[str, int] = field(default_factory=dict)  # body -> its index among its key's
+    steps: dict[int, list[str]] = field(default_factory=dict)  # acked shards of each step
+    counter: itertools.count[int] = field(default_factory=itertools.count)
+
+    def body(self, key: str) -> str:
+        body = f"{key}#{next(self.counter)}"
+        self.order[body] = len(self.attempts[key])
+        self.attempts[key].append((body, False))
+        return body
+
+    def acked(self, key: str, body: str) -> None:
+        self.attempts[key][self.order[body]] = (body, True)
+
+
+async def request(node: ReplicaNode, key: str, body: str) -> Row | None:
+    """A client's PUT through ``node``: the row if acknowledged; None when the node is down,
+    refused (strict policy) or died before answering."""
+    if not node.is_up:
+        return None
+    task = node.spawn(node.put(key, body))
+    await asyncio.wait({task})
+    if task.cancelled() or isinstance(task.exception(), Refused):
+        return None
+    return task.result()
+
+
+@dataclass
+class Faults:
+    """Random trouble, one failure at a time: a node is killed or wiped only once every
+    node is up and everything acknowledged before the last wipe is in the bucket (a wiped
+    node's writes live on one copy until then); partitions and paused flushers at any
+    time."""
+
+    fleet: ReplicaFleet
+    ledger: Ledger
+    partitions: bool
+    wipes: int = 0
+    cuts: int = 0
+    takeovers_possible: int = 0
+    last_wipe_acked: list[tuple[str, str]] = field(default_factory=list)
+    events: list[tuple[float, str]] = field(default_factory=list)
+
+    def note(self, what: str) -> None:
+        self.events.append((asyncio.get_running_loop().time(), what))
+
+    def _may_fail(self) -> bool:
+        return all(
+            _upstream(self.fleet, self.ledger, key, body) for key, body in self.last_wipe_acked
+        )
+
+    async def run(self, until_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        rng = self.fleet.rng
+        while loop.time() < until_s:
+            await asyncio.sleep(rng.uniform(1.0, 6.0))
+            name = rng.choice(self.fleet.names)
+            what = rng.random()
+            may_fail = self._may_fail()
+            if what < 0.3 and may_fail:
+                self.last_wipe_acked = [
+                    (k, b) for k, tries in self.ledger.attempts.items() for b, ok in tries if ok
+                ]
+                self.wipes += 1
+                self.note(f"wipe {name}")
+                self.fleet.nodes[name].kill()
+                await asyncio.sleep(rng.uniform(0.0, 2.5 * PEER_TIMEOUT_S))
+                await self.fleet.restart(name, wipe=True)
+                self.note(f"{name} back, empty")
+            elif what < 0.55 and may_fail:
+                down_s = rng.uniform(0.5, 2.5 * PEER_TIMEOUT_S)
+                self.takeovers_possible += down_s > PEER_TIMEOUT_S
+                self.note(f"kill {name}")
+                self.fleet.nodes[name].kill()
+                await asyncio.sleep(down_s)
+                await self.fleet.restart(name)
+                self.note(f"{name} back")
+            elif what < 0.8 and self.partitions:
+                self.cuts += 1
+                other = rng.choice([n for n in self.fleet.names if n != name])
+                self.fleet.net.cut(self.fleet.address_of(name), self.fleet.address_of(other))
+                self.note(f"cut {name}-{other}")
+                await asyncio.sleep(rng.uniform(0.5, 2.5 * PEER_TIMEOUT_S))
+                self.fleet.net.heal()
+                self.note("healed")
+            else:
+                node = self.fleet.nodes[name]
+                node.is_paused = True
+                self.note(f"pause {name}")
+                await asyncio.sleep(rng.uniform(0.5, 15.0))
+                node.is_paused = False
+                self.note(f"resume {name}")
+                node.changed.set()
+
+
+def _all_upstream(fleet: ReplicaFleet, ledger: Ledger) -> bool:
+    """Whether the newest acknowledged version of every key (or a later one) is upstream."""
+    for key, tries in ledger.attempts.items():
+        acked = [body for body, ok in tries if ok]
+        if acked and not _upstream(fleet, ledger, key, acked[-1]):
+            return False
+    return True
+
+
+def _upstream(fleet: ReplicaFleet, ledger: Ledger, key: str, body: str) -> bool:
+    """Whether the bucket holds ``body`` under ``key``, or a version written after it."""
+    held = fleet.bucket.objects.get(key)
+    return held is not None and ledger.order[_body_of(ledger, key, held[0])] >= ledger.order[body]
+
+
+async def _writer(fleet: ReplicaFleet, ledger: Ledger, steps: int) -> None:
+    """A job: each step every node's rank writes 2 shards and rewrites its pointer; when
+    every shard was acknowledged (its barrier), one rank writes the marker."""
+    rng = fleet.rng
+    for step in range(steps):
+        names = list(fleet.names)
+        keys = [(n, f"ckpt/{step}/{n}_{i}") for n in names for i in range(2)]
+        keys += [(n, f"latest/{n}") for n in names]
+
+        async def put(name: str, key: str) -> bool:
+            body = ledger.body(key)
+            row = await request(fleet.node(name), key, body)
+            if row is not None:
+                ledger.acked(key, body)
+            return row is not None
+
+        results = await asyncio.gather(*(put(n, k) for n, k in keys))
+        shards = [k for (_, k), ok in zip(keys, results, strict=True) if "ckpt/" in k and ok]
+        if all(ok for (_, k), ok in zip(keys, results, strict=True) if "ckpt/" in k):
+            ledger.steps[step] = shards
+            await put(rng.choice(names), f"ckpt/{step}/{MARKER}")
+        await asyncio.sleep(rng.uniform(0.2, 3.0))
+
+
+def check(fleet: ReplicaFleet, ledger: Ledger, *, one_uploader: bool) -> dict[str, int]:
+    """The promises of the module docstring against the bucket's arrivals."""
+    bucket = fleet.bucket
+    lost = []
+    for key, tries in ledger.attempts.items():
+        acked = [i for i, (_, ok) in enumerate(tries) if ok]
+        if not acked:
+            continue
+        held = bucket.objects.get(key)
+        newest_ok = {tries[i][0] for i in range(acked[-1], len(tries))}
+        if held is None or _body_of(ledger, key, held[0]) not in newest_ok:
+            lost.append((key, tries[acked[-1]][0], held))
+    assert not lost, f"acknowledged writes lost or stale in the bucket: {lost[:5]}"
+
+    landed: dict[str, int] = {}
+    senders: dict[str, set[str]] = defaultdict(set)
+    for a in bucket.arrivals:
+        body = _body_of(ledger, a.key, a.value)
+        index = ledger.order[body]
+        assert index >= landed.get(a.key, -1), f"t={a.t:.2f}: {body} over a newer version"
+        landed[a.key] = index
+        senders[body].add(a.sender)
+    twice = {b: s for b, s in senders.items() if len(s) > 1}
+    taken = [a for a in bucket.arrivals if _writer_of(a.key) not in (None, a.sender)]
+    if one_uploader:
+        assert not twice, f"versions sent by two nodes: {list(twice.items())[:5]}"
+
+    arrived: dict[str, float] = {}
+    for a in bucket.arrivals:
+        if a.key.endswith(MARKER):
+            step = int(a.key.split("/")[1])
+            missing = [k for k in ledger.steps.get(step, []) if k not in arrived]
+            assert not missing, f"t={a.t:.2f}: marker of step {step} before {missing}"
+        else:
+            arrived.setdefault(a.key, a.t)
+    acked = sum(ok for tries in ledger.attempts.values() for _, ok in tries)
+    return {
+        "acked": acked,
+        "arrivals": len(bucket.arrivals),
+        "taken over": len(taken),
+        "sent twice": len(twice),
+    }
+
+
+def _writer_of(key: str) -> str | None:
+    """The node a key is written through (markers: any)."""
+    if key.endswith(MARKER):
+        return None
+    return key.rpartition("/")[2].split("_")[0]
+
+
+def _body_of(ledger: Ledger, key: str, etag: str) -> str:
+    """The attempt whose body has this MD5 (bodies are unique)."""
+    for body, _ in ledger.attempts[key]:
+        if hashlib.md5(body.encode()).hexdigest() == etag:
+            return body
+    raise AssertionError(f"{key}: {etag} was never written")
+
+
+async def scenario(seed: int, *, n: int, steps: int, partitions: bool) -> dict[str, int]:
+    fleet = ReplicaFleet(n, seed, upload_s=(0.05, 1.5), peer_timeout_s=PEER_TIMEOUT_S)
+    await fleet.start()
+    ledger = Ledger()
+    loop = asyncio.get_running_loop()
+    faults = Faults(fleet, ledger, partitions)
+    trouble = asyncio.ensure_future(faults.run(loop.time() + steps * 4.0))
+    await _writer(fleet, ledger, steps)
+    await trouble
+    await settle(fleet, 600.0)
+    for _ in range(600):  # takeovers of what wiped nodes left finish
+        if _all_upstream(fleet, ledger):
+            break
+        await asyncio.sleep(1.0)
+    assert fleet.pending_anywhere() == 0, f"seed {seed}: still pending after settling"
+    figures = check(fleet, ledger, one_uploader=not partitions)
+    figures.update(wipes=faults.wipes, cuts=faults.cuts, steps_marked=len(ledger.steps))
+    await fleet.close()
+    return figures
+
+
+def _run(main: Coroutine[Any, Any, dict[str, int]]) -> dict[str, int]:
+    return run(main)
+
+
+# make test runs 900 short runs (4 checkpoint steps, about 20 simulated seconds of faults
+# each) and a few long ones; GATEWAY_SIM_SEEDS=<runs per chunk> runs more of the same.
+PER_CHUNK = int(os.environ.get("GATEWAY_SIM_SEEDS", "30"))
+
+
+def _chunk(first: int, *, partitions: bool, steps: int = 4) -> None:
+    for seed in range(first * PER_CHUNK, (first + 1) * PER_CHUNK):
+        n = 3 if partitions else 3 + seed % 2
+        try:
+            _run(scenario(seed, n=n, steps=steps, partitions=partitions))
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}: {exc}") from None
+
+
+@pytest.mark.parametrize("chunk", range(20))
+def test_no_acknowledged_write_lost_under_crashes_and_wipes(chunk: int) -> None:
+    _chunk(chunk, partitions=False)
+
+
+@pytest.mark.parametrize("chunk", range(100, 110))
+def test_with_partitions_no_stale_overwrite_and_nothing_lost(chunk: int) -> None:
+    _chunk(chunk, partitions=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_long_runs_with_takeovers(seed: int) -> None:
+    figures = _run(scenario(seed, n=3 + seed % 2, steps=30, partitions=seed % 2 == 1))
+    assert figures["taken over"] > 0 and figures["steps_marked"] > 0

@@ -1,0 +1,56 @@
+"""ReplicaStore (gateway/store/replicas.py) on a real journal: staged bodies, commits (a
+small body staged by its commit), supersession in either order, counted bytes, and what a
+holder answers about a lost writer."""
+
+from __future__ import annotations
+
+import hashlib
+
+from gateway.models import ObjectMeta
+from gateway.store.journal import Journal
+from gateway.store.replicas import ReplicaStore
+
+
+def _meta(key: str, body: bytes) -> ObjectMeta:
+    return ObjectMeta("bkt", key, len(body), hashlib.md5(body).hexdigest(), 10.0)
+
+
+async def _commit_inline(store: ReplicaStore, seq: int, key: str, body: bytes) -> list[str]:
+    meta = _meta(key, body)
+    missing, superseded = await store.commit(
+        "w", "d", seq, meta, False, [f"s{seq}"], [], 10.0 + seq, [meta.etag], (body, 1.0)
+    )
+    assert superseded == []  # inline bodies have no files
+    return missing
+
+
+async def test_a_small_body_is_staged_and_committed_by_one_call(journal: Journal) -> None:
+    store = ReplicaStore(journal)
+    assert await _commit_inline(store, 1, "k", b"hello") == []
+    [replica] = await store.for_key("bkt", "k")
+    assert (replica.seq, replica.body, replica.blob_ids) == (1, b"hello", ())
+    assert journal.figures.replica_bytes == 5
+
+
+async def test_a_damaged_inline_body_is_neither_staged_nor_committed(journal: Journal) -> None:
+    store = ReplicaStore(journal)
+    meta = _meta("k", b"hello")
+    missing, _ = await store.commit(
+        "w", "d", 1, meta, False, ["s1"], [], 11.0, [meta.etag], (b"hellO", 1.0)
+    )
+    assert missing == ["s1"]
+    assert await store.for_key("bkt", "k") == []
+    assert journal.figures.replica_bytes == 0
+
+
+async def test_versions_of_a_key_supersede_in_either_commit_order(journal: Journal) -> None:
+    store = ReplicaStore(journal)
+    await _commit_inline(store, 2, "k", b"newer")
+    await _commit_inline(store, 1, "k", b"older")  # crossed on the way: not kept
+    await _commit_inline(store, 3, "j", b"other key")
+    assert [r.seq for r in await store.for_key("bkt", "k")] == [2]
+    await _commit_inline(store, 4, "k", b"newest")
+    assert [r.body for r in await store.for_key("bkt", "k")] == [b"newest"]
+    assert journal.figures.replica_bytes == len(b"newest") + len(b"other key")
+    [(owner, datadir, versions, size, newest_s)] = await store.owners()
+    assert (owner, datadir, versions, size, newest_s) == ("w", "d", 2, 15, 14.0)
