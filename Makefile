@@ -36,8 +36,11 @@ lint: $(VENV)/.installed-test
 # The whole suite; tests/deploy renders and lints helm/s3-gateway with Helm's own engine
 # (helm-python-sdk) and checks the Dockerfile statically. The status-page tests need
 # Debian's chromium (.ci/run installs it; locally they skip without it).
+# Two workers (pytest-xdist), a test file each at a time: the suite mostly waits on real
+# gateway processes and sockets. TEST_WORKERS=0 runs it in this process, serially.
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/pytest -q -ra $(PYTEST_ARGS)
+	$(BIN)/pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Just the deployment artefacts: chart lint + render checks, Dockerfile checks.
 chart: $(VENV)/.installed-test

@@ -69,14 +69,25 @@ def free_port(host: str = "127.0.0.1") -> int:
     The kernel may give the same ephemeral port to two binds in a row once the first
     socket is closed; a gateway asked for ``--listen`` and ``--admin-listen`` on one
     port refuses to start, so ports already handed out are never handed out again.
+    Under pytest-xdist each worker takes only ports of its own share (``_is_this_workers``),
+    so two workers never hand out one port between a probe and a gateway's bind.
     """
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = int(s.getsockname()[1])
-        if port not in _HANDED_PORTS:
+        if port not in _HANDED_PORTS and _is_this_workers(port):
             _HANDED_PORTS.add(port)
             return port
+
+
+def _is_this_workers(port: int) -> bool:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if not worker.startswith("gw") or count <= 1:
+        return True
+    # Shares of 8 ports, not the port's parity: Linux gives bind(0) even ports by preference.
+    return (port >> 3) % count == int(worker[2:]) % count
 
 
 def unique_bucket_name(prefix: str = "gwt") -> str:
