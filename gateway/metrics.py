@@ -197,8 +197,8 @@ READ_VERIFIED_BYTES = Counter(
 )
 GET_BODY_BYTES = Counter(
     "gateway_get_body_bytes",
-    "GET body bytes sent, by how: sendfile (zero-copy), copy (read and write: TLS), stream "
-    "(bytes from the upstream)",
+    "GET body bytes sent, by how: sendfile (zero-copy), splice (zero-copy, a peer's answer), "
+    "copy (read and write: TLS), stream (bytes from the upstream or a peer)",
     ["how"],
     registry=REGISTRY,
 )

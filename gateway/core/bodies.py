@@ -3,7 +3,8 @@
 The service layer decides *what* is sent and *when* (which bytes, in which order, what must
 be verified before the last of them leaves); the protocol layer decides *how*: a ``FileSpan``
 goes out with ``sendfile`` (zero-copy) on a plain socket and with large ``pread``s under
-TLS, ``bytes`` are written as they are.
+TLS, a ``SocketSpan`` (the rest of a peer's answer, still in its socket) with ``splice``
+on a plain socket and with reads under TLS, ``bytes`` are written as they are.
 
 Contract of a ``BodySource``: ``next_piece`` returns the body's pieces in order, then None;
 a ``FileSpan``'s descriptor is valid until the next call or ``aclose``; a source that
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.core.integrity import Verification
+from gateway.fleet.view import SocketSpan
 
 # The last bytes of a verified read are held until verification is done: any nonzero
 # amount keeps a corrupt body from being complete; one piece is what the client waits for.
@@ -39,7 +41,7 @@ class FileSpan:
     count: int
 
 
-Piece = FileSpan | bytes
+Piece = FileSpan | SocketSpan | bytes
 
 
 class BodySource(Protocol):
@@ -59,9 +61,9 @@ class NoBody:
 
 
 class ChunkSource:
-    """Bytes from an async iterator (an upstream stream)."""
+    """Pieces from an async iterator (an upstream stream, a peer's answer)."""
 
-    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes] | AsyncIterator[bytes | SocketSpan]) -> None:
         self._chunks = chunks
 
     async def next_piece(self) -> Piece | None:
@@ -69,7 +71,7 @@ class ChunkSource:
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
-            await self._chunks.aclose()  # type: ignore[attr-defined]
+            await self._chunks.aclose()  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,14 @@ def _held_back(
             out.append((Slice(piece.index, offset, n), free <= 0))
             offset, count, left = offset + n, count - n, left - n
     return out
+
+
+async def bytes_only(pieces: AsyncIterator[bytes | SocketSpan]) -> AsyncIterator[bytes]:
+    """``pieces`` of a read that was not asked for spans (``zero_copy``): bytes only."""
+    async for piece in pieces:
+        if not isinstance(piece, bytes):
+            raise TypeError("a span where only bytes were asked for")
+        yield piece
 
 
 def read_span(span: FileSpan, piece_bytes: int) -> Callable[[int], bytes]:

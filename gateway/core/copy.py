@@ -26,6 +26,7 @@ from typing import BinaryIO
 from gateway.checksums import b64
 from gateway.clock import Clock
 from gateway.core import peers
+from gateway.core.bodies import bytes_only
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
@@ -219,7 +220,9 @@ class CopyService:
         try:
             check_source(req.conditions, found.head.meta)
             assert found.body is not None  # a GET's answer has one
-            blob = await self._blobs.write(found.body, {"md5"}, max_bytes=self._max_object_bytes)
+            blob = await self._blobs.write(
+                bytes_only(found.body), {"md5"}, max_bytes=self._max_object_bytes
+            )
         finally:
             await found.aclose()
         return await self._commit_fetched(req, found.head.meta, blob)

@@ -265,7 +265,7 @@ class ObjectService:
         if node is None:
             return None
         try:
-            found = await self._fleet.read(node, bucket, key, method, headers)
+            found = await self._fleet.read(node, bucket, key, method, headers, zero_copy=True)
         except PeerError as exc:
             peers.raise_peer_error(exc)
         if found is None:
@@ -284,7 +284,9 @@ class ObjectService:
         assert self._fleet is not None
         for node in self._fleet.replica_candidates(bucket, key):
             try:
-                found = await self._fleet.read(node, bucket, key, method, headers, replica=True)
+                found = await self._fleet.read(
+                    node, bucket, key, method, headers, replica=True, zero_copy=True
+                )
             except PeerError as exc:
                 peers.raise_peer_error(exc)
             if found is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -18,7 +19,7 @@ import yarl
 
 from gateway.clock import Clock
 from gateway.fleet import auth
-from gateway.fleet.transport import PeerError, PeerHead, PeerRead, PeerUnavailable
+from gateway.fleet.transport import PeerError, PeerHead, PeerRead, PeerUnavailable, SocketSpan
 from gateway.fleet.wire import (
     PATH_PREFIX,
     DirChange,
@@ -286,6 +287,7 @@ class PeerClient:
         method: str,
         headers: Mapping[str, str],
         timeout_s: float,
+        zero_copy: bool = False,
     ) -> PeerRead | None:
         path = PATH_PREFIX + "object"
         query = urllib.parse.urlencode({"bucket": bucket, "key": key})
@@ -301,13 +303,16 @@ class PeerClient:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise PeerUnavailable(f"read: {type(exc).__name__}: {exc}") from None
         try:
-            return await _read_answer(resp, method)
+            return await _read_answer(resp, method, timeout_s if zero_copy else None)
         except BaseException:
             resp.release()
             raise
 
 
-async def _read_answer(resp: aiohttp.ClientResponse, method: str) -> PeerRead | None:
+async def _read_answer(
+    resp: aiohttp.ClientResponse, method: str, splice_timeout_s: float | None
+) -> PeerRead | None:
+    """``splice_timeout_s``: the body may end in a ``SocketSpan`` (None: bytes only)."""
     if resp.headers.get(HELD_HEADER) == "none":
         resp.release()
         return None
@@ -333,8 +338,66 @@ async def _read_answer(resp: aiohttp.ClientResponse, method: str) -> PeerRead | 
         byte_range=(int(rng[0]), int(rng[1]), int(rng[2])) if rng else None,
         parts_count=doc.get("parts_count"),
         is_not_modified=resp.status == 304,
-        body=_chunks(resp) if has_body else None,
+        body=_body(resp, splice_timeout_s) if has_body else None,
     )
+
+
+def _body(
+    resp: aiohttp.ClientResponse, splice_timeout_s: float | None
+) -> AsyncIterator[bytes | SocketSpan]:
+    sock = _spliceable(resp) if splice_timeout_s is not None else None
+    if sock is None:
+        return _chunks(resp)
+    return _socket_pieces(resp, sock, splice_timeout_s or 0.0)
+
+
+def _spliceable(resp: aiohttp.ClientResponse) -> Any:
+    """The connection's socket when the rest of the body can be taken from it as it is: a
+    plain TCP connection, a body of known length sent as is (no chunked coding, no
+    compression). None otherwise."""
+    conn = resp.connection
+    transport = conn.transport if conn is not None else None
+    if transport is None or transport.get_extra_info("ssl_object") is not None:
+        return None
+    if resp.content_length is None or "Transfer-Encoding" in resp.headers:
+        return None
+    if "Content-Encoding" in resp.headers:
+        return None
+    return transport.get_extra_info("socket")
+
+
+async def _socket_pieces(
+    resp: aiohttp.ClientResponse, sock: Any, timeout_s: float
+) -> AsyncIterator[bytes | SocketSpan]:
+    """What aiohttp has already read of the body, then the rest as a span of the socket.
+
+    Taking what is buffered and pausing the transport happen in one step (no await
+    between), so aiohttp never reads a byte of the span; the connection is closed after,
+    never reused (its parser did not see the span's bytes)."""
+    conn = resp.connection
+    assert conn is not None and conn.transport is not None and resp.content_length is not None
+    try:
+        head = resp.content.read_nowait()
+    except Exception as exc:
+        resp.close()
+        raise PeerUnavailable(f"read: body: {type(exc).__name__}: {exc}") from None
+    left = resp.content_length - len(head)
+    if left <= 0:  # it had all arrived
+        try:
+            if head:
+                yield head
+        finally:
+            resp.release()
+        return
+    conn.transport.pause_reading()
+    fd = os.dup(sock.fileno())
+    try:
+        if head:
+            yield head
+        yield SocketSpan(fd, left, timeout_s)
+    finally:
+        os.close(fd)
+        resp.close()
 
 
 async def _chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

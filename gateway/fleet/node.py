@@ -228,6 +228,7 @@ class Fleet:
         headers: Mapping[str, str],
         *,
         replica: bool = False,
+        zero_copy: bool = False,
     ) -> PeerRead | None:
         member = self.membership.get(node)
         address = member.address if member is not None else None
@@ -245,6 +246,7 @@ class Fleet:
                 method=method,
                 headers=headers,
                 timeout_s=self.config.read_timeout_s,
+                zero_copy=zero_copy,
             )
         except PeerUnavailable as exc:
             self._fell_back(node, f"{bucket}/{key}", exc)

@@ -42,18 +42,32 @@ class PeerHead:
     is_delete: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class SocketSpan:
+    """The next ``count`` bytes of a body, still in the peer connection's socket ``fd``:
+    the protocol layer moves them to its client's socket with ``splice`` (no copy in this
+    process) or reads them itself, each wait for the peer at most ``timeout_s``. The
+    descriptor is valid until the body's iterator is resumed or closed."""
+
+    fd: int
+    count: int
+    timeout_s: float
+
+
 @dataclass(slots=True)
 class PeerRead:
     """A peer's answer to a GET or HEAD of a key it holds unflushed, evaluated there against
     its version (range or part, preconditions): ``byte_range`` (start, end, total) for a
     206, ``parts_count`` for a part of a multipart object, ``is_not_modified`` for a 304;
-    ``body`` the selected bytes (None for HEAD and 304). The caller MUST ``aclose`` it."""
+    ``body`` the selected bytes (None for HEAD and 304), in pieces that are ``bytes`` or,
+    for a read asked ``zero_copy``, one ``SocketSpan`` for the rest after what has already
+    arrived. The caller MUST ``aclose`` it."""
 
     head: PeerHead
     byte_range: tuple[int, int, int] | None = None
     parts_count: int | None = None
     is_not_modified: bool = False
-    body: AsyncIterator[bytes] | None = None
+    body: AsyncIterator[bytes | SocketSpan] | None = None
 
     async def aclose(self) -> None:
         if self.body is not None:
@@ -101,12 +115,14 @@ class PeerTransport(Protocol):
         method: str,
         headers: Mapping[str, str],
         timeout_s: float,
+        zero_copy: bool = False,
     ) -> PeerRead | None:
         """The peer's unflushed version of ``key`` (None: it holds none), read with the
         request's ``Range``, ``If-*`` and ``x-gateway-part-number`` headers. Raises
         ``PeerError`` for an S3 error of that version (a delete: 404 NoSuchKey, 412, 416).
         ``timeout_s`` bounds the answer's head; a body that stalls raises from its
-        iterator."""
+        iterator. ``zero_copy``: the body may end in a ``SocketSpan`` (a transport without
+        sockets never yields one)."""
         ...
 
     async def figures(

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from gateway.fleet.transport import PeerError, PeerHead, PeerRead
+from gateway.fleet.transport import PeerError, PeerHead, PeerRead, SocketSpan
 from gateway.fleet.wire import PeerRow
 from gateway.models import LocalObject, ObjectMeta
 
@@ -24,6 +24,7 @@ __all__ = [
     "PeerHead",
     "PeerRead",
     "PeerRow",
+    "SocketSpan",
     "WriteReady",
 ]
 
@@ -116,10 +117,12 @@ class FleetView(Protocol):
         headers: Mapping[str, str],
         *,
         replica: bool = False,
+        zero_copy: bool = False,
     ) -> PeerRead | None:
         """A GET/HEAD of ``key`` on ``node`` (None: it holds no unflushed version, or does
         not answer). Raises ``PeerError`` for an S3 error of its version. ``replica``: the
-        replica ``node`` holds for a writer that cannot answer, instead of its own."""
+        replica ``node`` holds for a writer that cannot answer, instead of its own.
+        ``zero_copy``: the body may end in a ``SocketSpan`` (``PeerRead``)."""
         ...
 
     def replica_candidates(self, bucket: str, key: str) -> Sequence[str]:

@@ -1,5 +1,6 @@
 """Sending a GET body: ``sendfile`` (zero-copy) for file spans on plain TCP, large reads
-under TLS, bytes as they come.
+under TLS, ``splice`` (zero-copy, ``splice.py``) for the rest of a peer's answer on plain
+TCP, reads under TLS, bytes as they come.
 
 uvloop does not implement ``loop.sendfile`` (asyncio's native path needs its selector
 transports), so aiohttp's own file response falls back to 256 KiB reads under uvloop. This
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from gateway.core.bodies import BodySource, FileSpan, read_span
+from gateway.fleet.view import SocketSpan
 from gateway.metrics import GET_BODY_BYTES
 from gateway.s3.middleware import note_body_sent
+from gateway.s3.splice import splice_socket, wait_ready
 
 _COPY_PIECE_BYTES = 1 << 20  # TLS: read and write in 1 MiB pieces, the next read overlapped
 _SENDFILE_THREADS = 8
@@ -36,6 +40,7 @@ _SENDFILE_THREADS = 8
 _SENT = GET_BODY_BYTES.labels("sendfile")
 _COPIED = GET_BODY_BYTES.labels("copy")
 _STREAMED = GET_BODY_BYTES.labels("stream")
+_SPLICED = GET_BODY_BYTES.labels("splice")
 
 _executor_lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
@@ -59,6 +64,8 @@ async def send_body(request: web.Request, response: web.StreamResponse, source: 
                 if piece:
                     await response.write(piece)
                     _STREAMED.inc(len(piece))
+            elif isinstance(piece, SocketSpan):
+                await _relay(request, response, sender, piece)
             elif sender is not None:
                 await sender.send(piece, lambda n: note_body_sent(request, n))
                 _SENT.inc(piece.count)
@@ -112,6 +119,11 @@ class _ZeroCopy:
             offset += sent
             left -= sent
 
+    async def splice(self, span: SocketSpan, on_sent: Callable[[int], None]) -> None:
+        """Move ``span`` whole from the peer's socket to this one (``splice.py``)."""
+        await self._flushed()
+        await splice_socket(span.fd, self._fd, span.count, span.timeout_s, on_sent)
+
     async def _flushed(self) -> None:
         """Wait until everything written through the transport (the status line and
         headers, bytes pieces) has left its buffer: sendfile's bytes must follow them. The
@@ -123,17 +135,32 @@ class _ZeroCopy:
             await asyncio.sleep(0)  # the transport's own writer runs in this turn
 
     async def _writable(self) -> None:
-        waiter = self._loop.create_future()
+        await wait_ready(self._fd, is_write=True)
 
-        def ready() -> None:
-            if not waiter.done():
-                waiter.set_result(None)
 
-        self._loop.add_writer(self._fd, ready)
-        try:
-            await waiter
-        finally:
-            self._loop.remove_writer(self._fd)
+async def _relay(
+    request: web.Request,
+    response: web.StreamResponse,
+    sender: _ZeroCopy | None,
+    span: SocketSpan,
+) -> None:
+    """``span`` spliced where the client's socket is plain, else read and written."""
+    if sender is not None:
+        await sender.splice(span, lambda n: note_body_sent(request, n))
+        _SPLICED.inc(span.count)
+        return
+    loop = asyncio.get_running_loop()
+    with socket.socket(fileno=os.dup(span.fd)) as sock:
+        left = span.count
+        while left:
+            data = await asyncio.wait_for(
+                loop.sock_recv(sock, min(left, _COPY_PIECE_BYTES)), span.timeout_s
+            )
+            if not data:
+                raise ConnectionResetError(f"the peer closed with {left} bytes to come")
+            left -= len(data)
+            await response.write(data)
+    _COPIED.inc(span.count)
 
 
 async def _copy_span(response: web.StreamResponse, span: FileSpan) -> None:

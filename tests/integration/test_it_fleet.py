@@ -138,6 +138,24 @@ def test_reads_on_any_node_see_what_another_node_holds(fleet: list[Any], bucket:
     assert read_body(a.client().get_object(Bucket=bucket, Key=key)) == data
 
 
+def test_a_large_cross_node_read_is_spliced_byte_for_byte(fleet: list[Any], bucket: str) -> None:
+    """The rest of a peer's answer goes from its socket to the client's with splice (no
+    copy through the reading gateway): the bytes, whole and ranged, and the counter."""
+    a, b, _ = fleet
+    data = payload(12 << 20, "spliced")
+    with b.flush_paused():
+        b.client().put_object(Bucket=bucket, Key="big/spliced", Body=data)
+        before = a.metric("gateway_get_body_bytes", 'how="splice"')
+        s3 = a.client()
+        got = s3.get_object(Bucket=bucket, Key="big/spliced")
+        assert read_body(got) == data and got["ETag"] == quoted_md5(data)
+        part = s3.get_object(Bucket=bucket, Key="big/spliced", Range="bytes=3000000-9999999")
+        assert read_body(part) == data[3_000_000:10_000_000]
+        spliced = a.metric("gateway_get_body_bytes", 'how="splice"') - before
+        # All but what arrived with the peer's answer head (at most aiohttp's read buffer).
+        assert len(data) + 7_000_000 - 2 * (4 << 20) <= spliced <= len(data) + 7_000_000
+
+
 def fleet_upstream(gw: GatewayProcess) -> Any:
     return upstream_client(gw.upstream_url)
 

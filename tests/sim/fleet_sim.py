@@ -148,6 +148,7 @@ class SimTransport:
         method: str,
         headers: Mapping[str, str],
         timeout_s: float,
+        zero_copy: bool = False,
     ) -> PeerRead | None:
         return await self._net.call(self._me, address, lambda n: n.api_read(key), timeout_s)
 
