@@ -127,3 +127,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append(
                 (f"gateway log (port {gw.port}, {gw.log_path})", gw.log_tail(60))
             )
+    # A pytest-xdist worker sends its reports as UTF-8: a lone surrogate in captured output
+    # (tests of keys and errors that are not valid UTF-8 log them) would crash the worker.
+    report.sections = [(title, _utf8(text)) for title, text in report.sections]
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
