@@ -108,9 +108,10 @@ async def test_a_client_that_goes_away_raises(sockets: dict[str, socket.socket])
     writer = loop.run_in_executor(None, sockets["peer"].sendall, body)
     with pytest.raises(OSError):
         await _relay(sockets, len(body))
-    sockets["peer"].close()  # the peer's send ends too
+    # The peer's sendall is blocked on a full window: shutdown wakes it (close would not).
+    sockets["peer"].shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
-        await writer
+        await asyncio.wait_for(writer, 10)
 
 
 class _Written:
