@@ -9,10 +9,16 @@ Fixtures:
 - ``fresh_gateway`` (function): a GatewayProcess with its own data dir (crash tests).
 - ``gateway_factory`` (function): ``gateway_factory(extra_args=[...], ...)`` starts a
   GatewayProcess with its own data dir and options; all are stopped after the test.
+
+Tests marked ``exclusive`` (they measure rates or timing that a second worker's load would
+skew) run alone under pytest-xdist: the other worker waits between its tests.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -40,6 +46,36 @@ async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
     j.open()
     yield j
     j.close()
+
+
+@pytest.fixture(autouse=True)
+def _alone_if_exclusive(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under pytest-xdist: every test holds the run's test lock shared, an ``exclusive``
+    test holds it alone. A turnstile in front of it keeps a waiting exclusive test from
+    being starved by the other worker's stream of shared holders."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    base = tmp_path_factory.getbasetemp().parent  # one directory for the run's workers
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with _held(base / "tests.lock", base / "turnstile.lock", exclusive):
+        yield
+
+
+@contextlib.contextmanager
+def _held(lock: Path, turnstile: Path, exclusive: bool) -> Iterator[None]:
+    with open(turnstile, "a") as turn, open(lock, "a") as tests:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,9 @@ sys.path.insert(0, str(REPO_ROOT / "loadtest"))
 
 from emulator import EmulatorThread
 
+# Rates and budgets measured against the clock: alone under pytest-xdist (tests/conftest.py).
+pytestmark = pytest.mark.exclusive
+
 BUCKET = "flush-engine"
 LANE_CEILING = 3500.0  # --lane-rate default: a lane's rate never exceeds it
 # Every gateway here: quick shutdown (some tests leave a lane throttled for good).
