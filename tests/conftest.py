@@ -16,8 +16,6 @@ skew) run alone under pytest-xdist: the other worker waits between its tests.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import (
     GatewayProcess,
+    held_test_lock,
     start_moto,
     unique_bucket_name,
     upstream_client,
@@ -60,22 +59,8 @@ def _alone_if_exclusive(
         return
     base = tmp_path_factory.getbasetemp().parent  # one directory for the run's workers
     exclusive = request.node.get_closest_marker("exclusive") is not None
-    with _held(base / "tests.lock", base / "turnstile.lock", exclusive):
+    with held_test_lock(base / "tests.lock", base / "turnstile.lock", exclusive):
         yield
-
-
-@contextlib.contextmanager
-def _held(lock: Path, turnstile: Path, exclusive: bool) -> Iterator[None]:
-    with open(turnstile, "a") as turn, open(lock, "a") as tests:
-        fcntl.flock(turn, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(turn, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(tests, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

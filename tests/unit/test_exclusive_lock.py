@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import _held
+from harness import held_test_lock
 
 
 def test_an_exclusive_holder_is_alone_and_not_starved(tmp_path: Path) -> None:
@@ -17,7 +17,7 @@ def test_an_exclusive_holder_is_alone_and_not_starved(tmp_path: Path) -> None:
     release_first = threading.Event()
 
     def hold(name: str, exclusive: bool, until: threading.Event | None = None) -> None:
-        with _held(lock, turnstile, exclusive):
+        with held_test_lock(lock, turnstile, exclusive):
             events.append(f"{name} in")
             if until is not None:
                 until.wait(10)
