@@ -187,7 +187,10 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
         await _create_demo_buckets(upstream, settings.demo_bucket, found.buckets)
 
     fleet, peer_secret = await _fleet(settings, clock, journal, blobs, upstream, stack)
-    flusher = _flusher(settings, clock, journal, blobs, upstream, _gate(settings, clock), fleet)
+    # One retry policy for the gate's retried requests and the flusher's retried objects.
+    backoff = Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s)
+    gate = _gate(settings, clock, backoff)
+    flusher = _flusher(settings, clock, journal, blobs, upstream, gate, backoff, fleet)
     if fleet is not None:
         _lost_writers(settings, journal, flusher, fleet)
     await flusher.attach()  # the pending rows, in memory, before any write can arrive
@@ -438,9 +441,8 @@ def _s3_services(
     )
 
 
-def _gate(settings: Settings, clock: SystemClock) -> RequestGate:
+def _gate(settings: Settings, clock: SystemClock, backoff: Backoff) -> RequestGate:
     """The request gate every upstream write goes through; reads draw on its bandwidth."""
-    backoff = Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s)
     return build_gate(
         clock,
         lanes=LaneConfig(
@@ -475,6 +477,7 @@ def _flusher(
     blobs: BlobStore,
     upstream: AiobotocoreUpstream,
     gate: RequestGate,
+    backoff: Backoff,
     fleet: Fleet | None,
 ) -> Flusher:
     return Flusher(
@@ -483,7 +486,7 @@ def _flusher(
         upstream,
         clock,
         gate=gate,
-        backoff=Backoff(base_s=settings.flush_retry_base_s, cap_s=settings.flush_retry_max_s),
+        backoff=backoff,
         policy=PolicyConfig(
             write_back_delay_s=settings.write_back_delay_s,
             temp_patterns=settings.temp_patterns,

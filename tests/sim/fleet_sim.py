@@ -306,14 +306,23 @@ class SimNode:
     async def put(self, key: str, value: str, *, is_delete: bool = False) -> Row:
         async with self.fleet.writing(BUCKET, key) as intent:
             await intent.ready()
-            now_s = asyncio.get_running_loop().time()
-            row = Row(key, self.disk.next_seq, now_s, value, is_delete)
-            older = self.disk.pending.get(key)
-            row.fence_seq = older.fence_seq if older is not None else row.seq
-            self.disk.next_seq += 1
-            self.disk.rows[key] = row
-            self.disk.pending[key] = row
-        if row.is_marker and not is_delete:
+            row = self._record(key, value, is_delete)
+        return self._published(row)
+
+    def _record(self, key: str, value: str, is_delete: bool) -> Row:
+        """The version committed on this node's disk (as the journal's commit does)."""
+        now_s = asyncio.get_running_loop().time()
+        row = Row(key, self.disk.next_seq, now_s, value, is_delete)
+        older = self.disk.pending.get(key)
+        row.fence_seq = older.fence_seq if older is not None else row.seq
+        self.disk.next_seq += 1
+        self.disk.rows[key] = row
+        self.disk.pending[key] = row
+        return row
+
+    def _published(self, row: Row) -> Row:
+        """After the commit: a marker held, the flusher woken."""
+        if row.is_marker and not row.is_delete:
             self._hold(row)
         self.changed.set()
         return row
@@ -455,6 +464,8 @@ class SimFleet:
     """N nodes on one ``Net`` and one ``Bucket``; nodes can be killed, restarted (disk
     intact), wiped, partitioned."""
 
+    node_type: type[SimNode] = SimNode
+
     def __init__(
         self,
         n: int,
@@ -486,10 +497,9 @@ class SimFleet:
         return node
 
     def make_node(self, name: str) -> SimNode:
-        address = self.address_of(name)
-        return SimNode(
+        return self.node_type(
             name,
-            address,
+            self.address_of(name),
             self.net,
             self.bucket,
             self.addresses,
@@ -497,7 +507,12 @@ class SimFleet:
             upload_s=self.upload_s,
             rng=self.rng,
             lease_s=self.lease_s,
+            **self.node_options(),
         )
+
+    def node_options(self) -> dict[str, Any]:
+        """What a subclass's ``node_type`` takes besides a ``SimNode``'s arguments."""
+        return {}
 
     async def start(self) -> None:
         for name in self.names:

@@ -296,7 +296,7 @@ class ReplicaNode(SimNode):
             except Exception as exc:  # SlowDown: too few holders
                 raise Refused(str(exc)) from exc
             await intent.ready()
-            row = self._commit(key, "" if is_delete else md5, is_delete)
+            row = self._published(self._record(key, "" if is_delete else md5, is_delete))
         meta = self._meta(row, len(body))
         try:
             await replica.commit(
@@ -309,19 +309,6 @@ class ReplicaNode(SimNode):
             )
         except Exception as exc:  # committed here, not acknowledged: it still flushes
             raise Refused(str(exc)) from exc
-        return row
-
-    def _commit(self, key: str, value: str, is_delete: bool) -> Row:
-        now_s = asyncio.get_running_loop().time()
-        row = Row(key, self.disk.next_seq, now_s, value, is_delete)
-        older = self.disk.pending.get(key)
-        row.fence_seq = older.fence_seq if older is not None else row.seq
-        self.disk.next_seq += 1
-        self.disk.rows[key] = row
-        self.disk.pending[key] = row
-        if row.is_marker and not is_delete:
-            self._hold(row)
-        self.changed.set()
         return row
 
     @staticmethod
@@ -414,6 +401,8 @@ async def _one(body: bytes) -> AsyncIterator[bytes]:
 class ReplicaFleet(SimFleet):
     """N ReplicaNodes on one ``ClaimingBucket``."""
 
+    node_type = ReplicaNode
+
     def __init__(
         self, n: int, seed: int, *, replicas: int = 1, peer_timeout_s: float = 10.0, **kw: Any
     ) -> None:
@@ -425,20 +414,8 @@ class ReplicaFleet(SimFleet):
     def new_disk(self) -> Disk:
         return ReplicaDisk()
 
-    def make_node(self, name: str) -> SimNode:
-        return ReplicaNode(
-            name,
-            self.address_of(name),
-            self.net,
-            self.bucket,
-            self.addresses,
-            self.disks[name],
-            upload_s=self.upload_s,
-            rng=self.rng,
-            lease_s=self.lease_s,
-            replicas=self.replicas,
-            peer_timeout_s=self.peer_timeout_s,
-        )
+    def node_options(self) -> dict[str, Any]:
+        return {"replicas": self.replicas, "peer_timeout_s": self.peer_timeout_s}
 
     def node(self, name: str) -> ReplicaNode:
         return _replica(self.nodes[name])
