@@ -11,12 +11,11 @@ Fixtures:
   GatewayProcess with its own data dir and options; all are stopped after the test.
 
 Tests marked ``exclusive`` (they measure rates or timing that a second worker's load would
-skew) run alone under pytest-xdist: the other worker waits between its tests.
+skew) are left out of ``make test``'s parallel pass and run after it, alone (Makefile).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -28,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import (
     GatewayProcess,
-    held_test_lock,
     start_moto,
     unique_bucket_name,
     upstream_client,
@@ -45,22 +43,6 @@ async def journal(tmp_path: Path) -> AsyncIterator[Journal]:
     j.open()
     yield j
     j.close()
-
-
-@pytest.fixture(autouse=True)
-def _alone_if_exclusive(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """Under pytest-xdist: every test holds the run's test lock shared, an ``exclusive``
-    test holds it alone. A turnstile in front of it keeps a waiting exclusive test from
-    being starved by the other worker's stream of shared holders."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield
-        return
-    base = tmp_path_factory.getbasetemp().parent  # one directory for the run's workers
-    exclusive = request.node.get_closest_marker("exclusive") is not None
-    with held_test_lock(base / "tests.lock", base / "turnstile.lock", exclusive):
-        yield
 
 
 @pytest.fixture(scope="session")

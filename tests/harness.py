@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
-import fcntl
 import hashlib
 import hmac
 import http.client
@@ -89,23 +88,6 @@ def _is_this_workers(port: int) -> bool:
         return True
     # Shares of 8 ports, not the port's parity: Linux gives bind(0) even ports by preference.
     return (port >> 3) % count == int(worker[2:]) % count
-
-
-@contextlib.contextmanager
-def held_test_lock(lock: Path, turnstile: Path, exclusive: bool) -> Iterator[None]:
-    """``lock`` held shared, or alone when ``exclusive``, for the ``with`` block; taken
-    through ``turnstile`` so that a waiting exclusive holder blocks newcomers (conftest's
-    ``exclusive`` marker under pytest-xdist)."""
-    with open(turnstile, "a") as turn, open(lock, "a") as tests:
-        fcntl.flock(turn, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(turn, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(tests, fcntl.LOCK_UN)
 
 
 def unique_bucket_name(prefix: str = "gwt") -> str:

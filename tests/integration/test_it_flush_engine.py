@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO_ROOT / "loadtest"))
 
 from emulator import EmulatorThread
 
-# Rates and budgets measured against the clock: alone under pytest-xdist (tests/conftest.py).
+# Rates and budgets measured against the clock: make test runs them alone, after the rest.
 pytestmark = pytest.mark.exclusive
 
 BUCKET = "flush-engine"
