@@ -19,13 +19,16 @@ and the next lane goes, so no lane blocks another.
 everyone. When the budget's last ``_ISOLATE_AFTER`` throttles all came from one lane, over
 more than one congestion event, while other lanes of the bucket were busy, **and** S3
 refused that lane's recent requests far more often than the others' (the others' share
-of refusals under ``_OTHERS_REFUSED`` of the lane's), that lane gets an adaptive rate of
+of refusals under ``_OTHERS_REFUSED`` of the lane's, and so many of the refusals on that
+lane that an even spread would put them there with a chance under ``_CHANCE``: a one-sided
+binomial test over the lane's share of the requests), that lane gets an adaptive rate of
 its own (``Lane.isolate``), its throttles no longer cut the budget, and the budget forgets
 the limit that lane taught it (slow start finds the others' again). Under a limit the
 lanes share, every lane's requests are refused alike: at hundreds of 503s a second three
-in a row from one lane are common (one in 64 triples with 8 lanes), but the refusal
-shares stay even, so nobody is isolated. The isolation ends when the lane's own rate has
-grown to the whole budget's.
+in a row from one lane are common (one in 64 triples with 8 lanes), and at a few a second
+three of four refusals on one of three lanes happen one time in nine; but the refusal
+shares stay even, and small counts prove nothing, so nobody is isolated. The isolation
+ends when the lane's own rate has grown to the whole budget's.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 
 _ISOLATE_AFTER = 3  # consecutive throttles of one lane (over 2+ events) that isolate it
 _OTHERS_REFUSED = 0.25  # the other lanes' share of refusals under this times the lane's
+_CHANCE = 0.02  # how likely an even spread of the refusals may be to load them on one lane
 
 
 class Caps(Protocol):
@@ -253,7 +257,11 @@ class BucketBudget:
         others_ok, others_refused = max(0, all_ok - mine_ok), max(0, all_refused - mine_refused)
         mine = mine_refused / max(1, mine_ok + mine_refused)
         others = others_refused / max(1, others_ok + others_refused)
-        return others < _OTHERS_REFUSED * mine
+        share = (mine_ok + mine_refused) / max(1, all_ok + all_refused)
+        return (
+            others < _OTHERS_REFUSED * mine
+            and _chance_of_at_least(mine_refused, all_refused, share) < _CHANCE
+        )
 
     def forget(self, lane: Lane) -> None:
         """``lane`` (idle, nothing waiting) is being dropped by its owner."""
@@ -271,3 +279,24 @@ class BucketBudget:
             self.throttles,
             len(self._isolated),
         )
+
+
+def _chance_of_at_least(hits: int, trials: int, share: float) -> float:
+    """P(X >= ``hits``) for X ~ Binomial(``trials``, ``share``): how likely ``hits`` of the
+    bucket's ``trials`` refusals fall on a lane that sent ``share`` of its requests, were S3
+    refusing every request alike. Summed in log space (``trials`` may be tens of
+    thousands); the terms fall fast past the mean, so the sum stops when they vanish."""
+    if hits <= 0:
+        return 1.0
+    if share >= 1.0 or hits > trials:
+        return 1.0 if share >= 1.0 else 0.0
+    log_q, log_p = math.log(share), math.log1p(-share)
+    log_n = math.lgamma(trials + 1)
+    total = 0.0
+    for i in range(hits, trials + 1):
+        log_ways = log_n - math.lgamma(i + 1) - math.lgamma(trials - i + 1)
+        term = math.exp(log_ways + i * log_q + (trials - i) * log_p)
+        total += term
+        if i > trials * share and term < 1e-12 * total:
+            break
+    return min(1.0, total)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from gateway.flush.admission import _chance_of_at_least
 from gateway.flush.control import RateConfig
 from gateway.flush.lanes import LaneConfig, Lanes, Ticket
 
@@ -150,9 +151,11 @@ def _refuse(lanes: Lanes, key: str, order: int, now_s: float) -> Ticket:
 
 
 def test_a_lane_refused_again_and_again_while_others_wait_gets_a_rate_of_its_own() -> None:
-    """Three throttles in a row, over two congestion events, all of the hot lane while the
-    cold lane had work waiting: S3 throttles that prefix on its own. From then on its
-    throttles cut its own rate, not the bucket's budget that the cold lane shares."""
+    """Throttles in a row, over several congestion events, all of the hot lane while the
+    cold lane had work waiting and was never refused: S3 throttles that prefix on its own.
+    With two lanes sharing the requests, six refusals in a row on one lane are the first
+    that an even spread would make under 2 % likely (1/64): isolated at the sixth, not
+    the third. From then on its throttles cut its own rate, not the bucket's budget."""
     lanes = _lanes()
     first = [_submit(lanes, f"hot/{k}", order) for order, k in enumerate("ab", 1)]
     for order in range(50):
@@ -165,17 +168,35 @@ def test_a_lane_refused_again_and_again_while_others_wait_gets_a_rate_of_its_own
     [budget] = lanes.budgets()
     assert (budget.events, budget.throttles, budget.isolated_lanes) == (1, 2, 0)
 
-    _refuse(lanes, "hot/c", 3, 0.5)  # a second event: isolated, and nothing cut
     hot = lanes.peek("b", "hot/x")
-    assert hot is not None and hot.isolation is not None
+    assert hot is not None
+    refused_at = []
+    for order, (key, now_s) in enumerate(zip("cdef", (0.3, 0.6, 0.9, 1.2), strict=True), 3):
+        _refuse(lanes, f"hot/{key}", order, now_s)
+        refused_at.append(hot.isolation is not None)
+    assert refused_at == [False, False, False, True]  # the 6th throttle isolates it
     [budget] = lanes.budgets()
-    assert (budget.events, budget.isolated_lanes) == (1, 1)
-    _refuse(lanes, "hot/d", 4, 1.0)
-    _refuse(lanes, "hot/e", 5, 2.0)
+    events = budget.events
+    assert budget.isolated_lanes == 1
+    _refuse(lanes, "hot/g", 7, 1.5)
+    _refuse(lanes, "hot/h", 8, 2.0)
     [budget] = lanes.budgets()
-    assert budget.events == 1  # the hot lane's throttles cut its own rate only
+    assert budget.events == events  # the hot lane's throttles cut its own rate only
     assert hot.isolation is not None and hot.isolation.events >= 2
     assert [s.prefix for s in lanes.status(2.0) if s.is_isolated] == ["hot/"]
+
+
+def test_a_few_refusals_that_happen_to_fall_on_one_lane_isolate_nobody() -> None:
+    """Three lanes share a limit; three refusals in a row on one lane after one on another
+    (one run in nine, at a few 503s a second) is chance, not a hot prefix: no isolation."""
+    lanes = _lanes()
+    for order in range(60):
+        _submit(lanes, f"w{order % 3}/{order}", 1000 + order)
+    _refuse(lanes, "w1/r0", 0, 0.0)
+    for i, now_s in enumerate((0.4, 0.8, 1.2), 1):
+        _refuse(lanes, f"w0/r{i}", i, now_s)
+    [budget] = lanes.budgets()
+    assert budget.throttles == 4 and budget.isolated_lanes == 0
 
 
 def test_throttles_spread_over_the_lanes_of_a_shared_limit_isolate_nobody() -> None:
@@ -200,3 +221,14 @@ def test_isolation_ends_once_the_lane_may_send_what_the_whole_budget_allows() ->
     _submit(lanes, "hot/x", 1, 1.0)
     assert _granted(lanes, 1.0) == [("hot/", 1)]
     assert hot.isolation is None
+
+
+def test_the_chance_of_a_lopsided_spread_is_the_binomial_tail() -> None:
+    """Exact for small counts; finite and right for tens of thousands of refusals (3 s of
+    a busy bucket), where the exact sum's integers would overflow a float."""
+    assert _chance_of_at_least(3, 4, 1 / 3) == pytest.approx(9 / 81)
+    assert _chance_of_at_least(4, 4, 1 / 3) == pytest.approx(1 / 81)
+    assert _chance_of_at_least(0, 4, 0.5) == 1.0
+    assert _chance_of_at_least(3, 3, 1.0) == 1.0  # the lane sent everything: proves nothing
+    assert _chance_of_at_least(30_000, 60_000, 0.5) == pytest.approx(0.5, abs=0.01)
+    assert _chance_of_at_least(31_000, 60_000, 0.5) < 1e-9
