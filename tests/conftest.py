@@ -9,6 +9,10 @@ Fixtures:
 - ``fresh_gateway`` (function): a GatewayProcess with its own data dir (crash tests).
 - ``gateway_factory`` (function): ``gateway_factory(extra_args=[...], ...)`` starts a
   GatewayProcess with its own data dir and options; all are stopped after the test.
+- ``tls_ca`` (session): a trustme CA plus a server certificate for 127.0.0.1 / localhost,
+  written as PEM files; ``tls_ca.ca_path`` is the bundle clients verify against.
+- ``tls_gateway`` (module): a GatewayProcess serving S3 over https with that certificate
+  (the admin API stays plain http, so the harness's drain/status helpers work unchanged).
 
 Tests marked ``exclusive`` (they measure rates or timing that a second worker's load would
 skew) are left out of ``make test``'s parallel pass and run after it, alone (Makefile).
@@ -18,10 +22,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -119,6 +125,50 @@ def gateway_factory(moto_server: str, tmp_path: Path) -> Iterator[Callable[..., 
     finally:
         for gw in started:
             _teardown_gateway(gw)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca_path: str
+    cert_path: str
+    key_path: str
+
+
+@pytest.fixture(scope="session")
+def tls_ca(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    base = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    ca_path = base / "ca.pem"
+    cert_path = base / "server-chain.pem"
+    key_path = base / "server-key.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    server.private_key_pem.write_to_path(str(key_path))
+    # Leaf first, then the chain (trustme's CA has no intermediates by default).
+    with open(cert_path, "wb") as fh:
+        for blob in server.cert_chain_pems:
+            fh.write(blob.bytes())
+    return TlsFiles(str(ca_path), str(cert_path), str(key_path))
+
+
+@pytest.fixture(scope="module")
+def tls_gateway(
+    moto_server: str, tmp_path_factory: pytest.TempPathFactory, tls_ca: TlsFiles
+) -> Iterator[GatewayProcess]:
+    base = tmp_path_factory.mktemp("tls-gateway")
+    gw = GatewayProcess(
+        base / "data",
+        moto_server,
+        extra_args=["--tls-cert", tls_ca.cert_path, "--tls-key", tls_ca.key_path],
+    )
+    gw.start()
+    try:
+        yield gw
+    finally:
+        crashed = gw.proc is not None and not gw.running
+        gw.stop()
+        if crashed:
+            pytest.fail(f"TLS gateway died during the tests:\n{gw.log_tail()}", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

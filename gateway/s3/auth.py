@@ -21,7 +21,6 @@ https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-query-string-auth.html
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import re
@@ -43,9 +42,16 @@ from gateway.errors import (
     SignatureDoesNotMatch,
 )
 from gateway.s3.auth_v2 import is_v2, verify_v2
+from gateway.sigv4 import (
+    ALGORITHM,
+    TERMINATOR,
+    UNSIGNED_PAYLOAD,
+    canonical_headers,
+    hmac_hex,
+    signing_key,
+    string_to_sign,
+)
 
-ALGORITHM = "AWS4-HMAC-SHA256"
-UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 STREAMING_PAYLOAD = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 STREAMING_PAYLOAD_TRAILER = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
 STREAMING_UNSIGNED_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
@@ -59,7 +65,6 @@ _PAYLOAD_TOKENS = frozenset(
     {UNSIGNED_PAYLOAD, STREAMING_PAYLOAD, STREAMING_PAYLOAD_TRAILER, STREAMING_UNSIGNED_TRAILER}
 )
 _SERVICE = "s3"
-_TERMINATOR = "aws4_request"
 _AMZ_DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 _AMZ_DATE = re.compile(r"\d{8}T\d{6}Z")
 _SCOPE_DATE = re.compile(r"\d{8}")
@@ -113,7 +118,7 @@ class _Claim:
 
     @property
     def scope(self) -> str:
-        return f"{self.date}/{self.region}/{self.service}/{_TERMINATOR}"
+        return f"{self.date}/{self.region}/{self.service}/{TERMINATOR}"
 
 
 def verify_request(
@@ -163,8 +168,8 @@ def verify_request(
     key = signing_key(secret, claim.date, claim.region, claim.service)
     exclude = None if claim.expires_s is None else b"X-Amz-Signature"
     canonical_query = canonicalize_query(params, exclude=exclude)
-    canonical_headers = _canonical_headers(header_values, claim.signed_headers)
-    _check_signature(key, claim, method, raw_path, canonical_query, canonical_headers)
+    header_lines = canonical_headers(header_values, claim.signed_headers)
+    _check_signature(key, claim, method, raw_path, canonical_query, header_lines)
     return AuthContext(
         access_key=claim.access_key,
         region=claim.region,
@@ -196,21 +201,6 @@ def _v2_context(
     )
 
 
-@functools.lru_cache(maxsize=256)
-def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
-    """The SigV4 key derived from a secret for one day, region and service. Cached: it is
-    the same for every request of a client in a day (four HMACs saved per request)."""
-    key = _hmac(("AWS4" + secret).encode("utf-8"), date)
-    for part in (region, service, _TERMINATOR):
-        key = _hmac(key, part)
-    return key
-
-
-def hmac_hex(key: bytes, message: str) -> str:
-    """Lower-case hex HMAC-SHA256 of a UTF-8 message: a SigV4 signature."""
-    return _hmac(key, message).hex()
-
-
 def parse_query(raw_query: str) -> list[QueryParam]:
     """Split a raw query into percent-decoded (name, value) pairs, ``+`` read as a space.
 
@@ -232,10 +222,6 @@ def canonicalize_query(params: Sequence[QueryParam], *, exclude: bytes | None = 
         if name != exclude
     )
     return "&".join(f"{name}={value}" for name, value in encoded)
-
-
-def _hmac(key: bytes, message: str) -> bytes:
-    return hmac.new(key, message.encode("utf-8", "surrogateescape"), hashlib.sha256).digest()
 
 
 def _decode_component(text: str) -> bytes:
@@ -374,8 +360,8 @@ def _parse_scope(
             '"<YOUR-AKID>/YYYYMMDD/REGION/SERVICE/aws4_request".'
         )
     access_key, date, region, service, terminator = parts
-    if terminator != _TERMINATOR:
-        raise error(f'The credential scope must end with "{_TERMINATOR}", not "{terminator}".')
+    if terminator != TERMINATOR:
+        raise error(f'The credential scope must end with "{TERMINATOR}", not "{terminator}".')
     if service != _SERVICE:
         raise error(f'The credential scope names service "{service}"; expecting "{_SERVICE}".')
     if date != amz_date[:8]:
@@ -474,14 +460,6 @@ def _check_presigned_window(claim: _Claim, expires_s: int, now_s: float, max_ske
         raise AccessDenied("Request is not valid yet", ServerTime=_iso(now_s))
 
 
-def _canonical_headers(header_values: Mapping[str, list[str]], names: Sequence[str]) -> str:
-    lines = []
-    for name in names:
-        value = ",".join(" ".join(v.split()) for v in header_values.get(name, ()))
-        lines.append(f"{name}:{value}\n")
-    return "".join(lines)
-
-
 def _canonical_uris(raw_path: str) -> list[str]:
     """The path as sent, then (if it differs) the same path re-encoded segment by segment."""
     path = raw_path or "/"
@@ -517,19 +495,14 @@ def _check_signature(
                 claim.content_sha256,
             )
         )
-        string_to_sign = _string_to_sign(claim.amz_date, claim.scope, canonical_request)
-        if is_well_formed and hmac.compare_digest(hmac_hex(key, string_to_sign), provided):
+        to_sign = string_to_sign(claim.amz_date, claim.scope, canonical_request)
+        if is_well_formed and hmac.compare_digest(hmac_hex(key, to_sign), provided):
             return
-        attempts.append((canonical_request, string_to_sign))
-    canonical_request, string_to_sign = attempts[0]
+        attempts.append((canonical_request, to_sign))
+    canonical_request, to_sign = attempts[0]
     raise SignatureDoesNotMatch(
         AWSAccessKeyId=claim.access_key,
-        StringToSign=string_to_sign,
+        StringToSign=to_sign,
         SignatureProvided=claim.signature,
         CanonicalRequest=canonical_request,
     )
-
-
-def _string_to_sign(amz_date: str, scope: str, canonical_request: str) -> str:
-    digest = hashlib.sha256(canonical_request.encode("utf-8", "surrogateescape")).hexdigest()
-    return f"{ALGORITHM}\n{amz_date}\n{scope}\n{digest}"

@@ -37,8 +37,8 @@ from gateway.s3.auth import (
     SIGNED_STREAMING,
     STREAMING_PAYLOAD_TRAILER,
     AuthContext,
-    hmac_hex,
 )
+from gateway.sigv4 import hmac_hex
 
 TRAILER_SIGNATURE = "x-amz-trailer-signature"
 # More trailer lines than any client sends (a checksum and a signature) means a broken body.

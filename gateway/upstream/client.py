@@ -22,6 +22,7 @@ import asyncio
 import base64
 import contextlib
 import email.utils
+import io
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -33,6 +34,7 @@ import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.httpsession import get_cert_path
 
 from gateway import __version__
 from gateway.errors import NoSuchBucket, NoSuchKey, S3Error
@@ -45,9 +47,12 @@ from gateway.models import (
     PartAttributes,
 )
 from gateway.upstream.classify import ConditionFailed, FlushError, for_client, for_flush
+from gateway.upstream.direct import DirectPut, DirectRefused
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+# Bodies up to this go past botocore's pipeline (direct.py): there its CPU is most of the cost.
+_DIRECT_PUT_MAX_BYTES = 1 << 20
 _STREAM_PIECE_BYTES = 1 << 20
 # Stored system headers and the put_object parameter that sends each upstream.
 _HEADER_PARAMS = {
@@ -70,6 +75,8 @@ _TOTAL_SIZE = re.compile(r"bytes \d+-\d+/(\d+)")
 # parameter is a timestamp that refuses such a value and reformats a valid one.
 _RAW_HEADERS: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("upstream_raw", default=())
 _RAW_HEADER_NAMES = {"expires": "Expires"}
+# The (bucket, key) of the PutObject the current task sends through botocore (_learn_target).
+_PUT_KEY: ContextVar[tuple[str, str] | None] = ContextVar("upstream_put", default=None)
 # Characters XML 1.0 cannot carry, even as references.
 _XML_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -311,8 +318,12 @@ class AiobotocoreUpstream:
         part_concurrency: int = 4,
         access_key: str | None = None,
         secret_key: str | None = None,
+        direct_put_max_bytes: int = _DIRECT_PUT_MAX_BYTES,
     ) -> None:
         self._endpoint_url = endpoint_url
+        self._max_connections = max_connections
+        self._direct_put_max_bytes = direct_put_max_bytes
+        self._direct: DirectPut | None = None
         self._part_concurrency = part_concurrency
         self._region = region
         self._config = AioConfig(
@@ -352,6 +363,45 @@ class AiobotocoreUpstream:
         self._client.meta.events.register("response-received.s3", count_upstream_request)
         for operation in ("PutObject", "CreateMultipartUpload"):
             self._client.meta.events.register(f"before-call.s3.{operation}", _add_raw_headers)
+        if self._direct_put_max_bytes > 0:
+            self._direct = self._direct_put(session)
+            self._stack.push_async_callback(self._direct.close)
+
+    def _direct_put(self, session: Any) -> DirectPut:
+        """Small PutObjects past botocore's pipeline (``direct.py``), with the client's
+        credentials, User-Agent, pool size, timeouts and CA bundle."""
+        keys = self._keys
+        static = None if keys[0] is None else _StaticCredentials(keys[0], keys[1] or "")
+
+        async def credentials() -> Any:
+            if static is not None:
+                return static
+            creds = await session.get_credentials()
+            return None if creds is None else await creds.get_frozen_credentials()
+
+        self._client.meta.events.register("before-sign.s3.PutObject", self._learn_target)
+        return DirectPut(
+            credentials,
+            user_agent=_user_agent(session),
+            max_connections=self._max_connections,
+            connect_timeout_s=float(self._config.connect_timeout),
+            read_timeout_s=float(self._config.read_timeout),
+            ca_bundle=get_cert_path(session.get_config_variable("ca_bundle") or True),
+        )
+
+    def _learn_target(
+        self, request: Any, region_name: str, signature_version: str, **kwargs: Any
+    ) -> None:
+        """botocore ``before-sign`` hook of PutObject: tells ``DirectPut`` where the bucket's
+        keys go (the URL and region botocore signs for: a region redirect's retry too)."""
+        put = _PUT_KEY.get()
+        if self._direct is None or put is None:
+            return
+        signing = request.context.get("signing", {})
+        if signing.get("request_credentials") or signing.get("identity_cache") is not None:
+            signature_version = "s3express"  # per-bucket session credentials: botocore's
+        region = signing.get("region") or region_name
+        self._direct.learn(*put, request.url, region, signature_version)
 
     async def close(self) -> None:
         await self._stack.aclose()
@@ -396,7 +446,29 @@ class AiobotocoreUpstream:
     async def put_object(
         self, meta: ObjectMeta, body: BinaryIO, condition: Condition | None = None
     ) -> str:
+        direct = self._direct
+        if (
+            direct is not None
+            and meta.size_bytes <= self._direct_put_max_bytes
+            and (direct.takes(meta.bucket))
+        ):
+            data = body.read()
+            try:
+                return await direct.put_object(
+                    meta.bucket, meta.key, data, _put_headers(meta, condition)
+                )
+            except DirectRefused as refused:
+                log.warning(
+                    "bucket %s: small PutObjects go through botocore from now on (%s)",
+                    meta.bucket,
+                    refused,
+                )
+                direct.refused.add(meta.bucket)
+                body = io.BytesIO(data)
+            except Exception as exc:  # classified as botocore's own failures are
+                raise _conditional(exc, condition) from exc
         raw = _RAW_HEADERS.set(_raw_headers(meta))
+        put = _PUT_KEY.set((meta.bucket, meta.key))
         try:
             resp = await self._client.put_object(
                 Body=body,
@@ -410,6 +482,7 @@ class AiobotocoreUpstream:
             raise _conditional(exc, condition) from exc
         finally:
             _RAW_HEADERS.reset(raw)
+            _PUT_KEY.reset(put)
         return str(resp.get("ETag", "")).strip('"')
 
     async def put_multipart(
@@ -806,6 +879,34 @@ def _checksum_params(meta: ObjectMeta) -> dict[str, str]:
         if value:
             return {param: value}
     return {}
+
+
+def _put_headers(meta: ObjectMeta, condition: Condition | None) -> dict[str, str]:
+    """The headers botocore's PutObject sends for ``meta`` (``_object_params``,
+    ``_raw_headers``, ``_checksum_params``, ``condition``), lower case, for ``direct.py``."""
+    headers = {"content-md5": _b64_md5(meta.etag), "content-type": meta.content_type}
+    headers.update((f"x-amz-meta-{name}", value) for name, value in meta.user_metadata.items())
+    headers.update(
+        (name, meta.headers[name])
+        for name in _HEADER_PARAMS
+        if name in meta.headers and name not in _RAW_HEADER_NAMES
+    )
+    headers.update((name.lower(), value) for name, value in _raw_headers(meta))
+    for param, value in _checksum_params(meta).items():
+        headers[f"x-amz-checksum-{param.removeprefix('Checksum').lower()}"] = value
+    for param, value in (condition or {}).items():
+        headers[_CONDITION_HEADERS[param]] = value
+    return headers
+
+
+_CONDITION_HEADERS = {"IfMatch": "if-match", "IfNoneMatch": "if-none-match"}
+
+
+@dataclass(frozen=True, slots=True)
+class _StaticCredentials:
+    access_key: str
+    secret_key: str
+    token: str | None = None
 
 
 Condition = dict[str, str]

@@ -199,8 +199,11 @@ def test_a_copy_on_one_node_of_what_another_holds(fleet: list[Any], bucket: str)
 
 
 def test_conditional_writes_see_what_peers_hold(fleet: list[Any], bucket: str) -> None:
+    """Both versions pending (a's flusher paused too: once a newer version of a key is
+    durable while an older one waits on another node, the older one wins there and in the
+    bucket, a known gap: docs/fleet.md, "What this does not promise")."""
     a, b, _ = fleet
-    with b.flush_paused():
+    with b.flush_paused(), a.flush_paused():
         b.client().put_object(Bucket=bucket, Key="cond/k", Body=b"from b")
         with pytest.raises(ClientError) as exists:
             a.client().put_object(Bucket=bucket, Key="cond/k", Body=b"x", IfNoneMatch="*")
@@ -210,7 +213,9 @@ def test_conditional_writes_see_what_peers_hold(fleet: list[Any], bucket: str) -
         )
         # a's version is the newer one now, wherever it is read.
         assert read_body(b.client().get_object(Bucket=bucket, Key="cond/k")) == b"from a"
+        assert read_body(a.client().get_object(Bucket=bucket, Key="cond/k")) == b"from a"
     a.drained(bucket=bucket)
+    b.drained(bucket=bucket)
 
 
 def test_marker_reaches_the_bucket_after_every_nodes_shards(fleet: list[Any], bucket: str) -> None:

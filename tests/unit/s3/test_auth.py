@@ -37,10 +37,10 @@ from gateway.s3.auth import (
     AuthContext,
     canonicalize_query,
     parse_query,
-    signing_key,
     verify_request,
 )
 from gateway.s3.chunked import AwsChunkedBody
+from gateway.sigv4 import signing_key
 
 ACCESS_KEY = "AKIDGATEWAYTEST00001"
 SECRET_KEY = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
