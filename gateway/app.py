@@ -233,6 +233,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
             flusher.order,
             functools.partial(checkpoints.node_figures, flush=FlusherView(flusher)),
             HeldReplicas(ReplicaStore(journal), blobs, space),
+            withdraw=flusher.withdraw,
         )
         peer_routes = functools.partial(peer_api.install, side=side)
         admin.status_extras["fleet"] = fleet.status
@@ -496,6 +497,7 @@ def _flusher(
         multipart_threshold_bytes=settings.multipart_threshold_bytes,
         marker_holds=fleet,
         claims=fleet.claims if fleet is not None else None,
+        upload_order=fleet.upload_order if fleet is not None else None,
     )
 
 

@@ -7,7 +7,8 @@ request signed with S3 credentials, is answered ``403`` and nothing is done or r
 
 Operations (JSON bodies, ``wire.py``): ``hello``, ``lease``, ``directory`` (an
 announcement or withdrawal), ``bye``, ``drain`` (a long poll), ``version`` and ``rows``
-(this node's unflushed rows), and ``GET``/``HEAD object`` (this node's unflushed version
+(this node's unflushed rows), ``supersede`` (a peer uploads a newer version of a key),
+and ``GET``/``HEAD object`` (this node's unflushed version
 of a key, evaluated with the request's range and preconditions; sent with sendfile).
 """
 
@@ -46,10 +47,12 @@ from gateway.fleet.wire import (
     LeaseRequest,
     NodeInfo,
     PeerRow,
+    SupersedeAnswer,
+    SupersedeRequest,
     WireError,
 )
 from gateway.flush import stuck
-from gateway.models import LocalObject
+from gateway.models import FlushState, LocalObject
 from gateway.s3.handlers.objects import read_options
 from gateway.s3.streaming import send_body
 
@@ -144,6 +147,22 @@ async def _version(side: PeerSide, doc: Any, request: web.Request) -> Any:
     return {"head": encode_head(_peer_head(side, row), {})}
 
 
+async def _supersede(side: PeerSide, doc: Any, request: web.Request) -> Any:
+    """A peer is about to upload its version of a key (docs/fleet.md, "One key through two
+    nodes"): this node's older unflushed version never goes up after it; a newer version
+    of this node's, durable already, is answered ``newer`` (the peer's must not go over
+    it). Versions are ordered as reads order them: acknowledgement, then node id."""
+    ask = SupersedeRequest.from_json(doc)
+    row = await side.journal.get(ask.bucket, ask.key)
+    if row is None or side.withdraw is None:
+        return SupersedeAnswer().to_json()
+    if (row.acked_s, side.fleet.me.node_id) > (ask.acked_s, ask.node):
+        return SupersedeAnswer(newer=row.state is FlushState.DURABLE).to_json()
+    if row.state is FlushState.DURABLE:  # went up before the peer's: the peer's goes over it
+        return SupersedeAnswer().to_json()
+    return SupersedeAnswer(busy=not await side.withdraw(row, ask.wait_s)).to_json()
+
+
 async def _rows(side: PeerSide, doc: Any, request: web.Request) -> Any:
     bucket, prefix, after = _strings(doc, "bucket", "prefix", "after")
     limit = doc.get("limit")
@@ -186,6 +205,7 @@ _OPS: dict[str, JsonOp] = {
     "directory": _directory,
     "bye": _bye,
     "drain": _drain,
+    "supersede": _supersede,
     "version": _version,
     "rows": _rows,
 }

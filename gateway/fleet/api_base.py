@@ -16,6 +16,7 @@ from gateway.fleet import auth
 from gateway.fleet.node import Fleet
 from gateway.flush.policy import FlushPolicy
 from gateway.flush.stuck import FleetHeld
+from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 from gateway.store.replicas import ReplicaStore
@@ -23,6 +24,9 @@ from gateway.store.space import CacheSpace
 
 log = logging.getLogger("gateway.fleet.api")
 CheckpointFigures = Callable[[str, Sequence[str]], Awaitable[dict[str, dict[str, Any]]]]
+# The flusher's ``withdraw``: never upload this version (after an upload on its way, up to
+# the seconds given); True once it cannot reach the bucket any more.
+Withdraw = Callable[[LocalObject, float], Awaitable[bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,7 @@ class PeerSide:
     # A directory's checkpoint figures on this node (``figures``; None: not answered).
     checkpoint_figures: CheckpointFigures | None = None
     held: HeldReplicas | None = None  # with replicas: this node holds some for others
+    withdraw: Withdraw | None = None  # None: nothing is withdrawn (answers "not held")
 
 
 PEER_SIDE = web.AppKey("peer_side", PeerSide)

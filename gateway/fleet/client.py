@@ -30,6 +30,8 @@ from gateway.fleet.wire import (
     NodeInfo,
     PeerRow,
     ReplicaCommit,
+    SupersedeAnswer,
+    SupersedeRequest,
     WireError,
 )
 from gateway.models import ObjectMeta
@@ -159,6 +161,12 @@ class PeerClient:
 
     async def bye(self, address: str, node: NodeInfo, timeout_s: float) -> None:
         await self._call(address, "bye", node.to_json(), timeout_s)
+
+    async def supersede(
+        self, address: str, request: SupersedeRequest, timeout_s: float
+    ) -> SupersedeAnswer:
+        answer = await self._call(address, "supersede", request.to_json(), timeout_s)
+        return _decoded(SupersedeAnswer.from_json, answer)
 
     async def version(
         self, address: str, bucket: str, key: str, timeout_s: float

@@ -21,6 +21,7 @@ from gateway.fleet.client import REPLICA_HEADER
 from gateway.fleet.directory import LocalDirectory, WriteIntent
 from gateway.fleet.fence import FleetFence, Hold, NodeDrain
 from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
+from gateway.fleet.ordering import UploadOrder
 from gateway.fleet.replication import ReplicaPolicy, Replication, ReplicaWrite, rank
 from gateway.fleet.takeover import Takeover, UploadClaims
 from gateway.fleet.transport import PeerHead, PeerRead, PeerTransport, PeerUnavailable
@@ -77,6 +78,10 @@ class Fleet:
         )
         self.directory = LocalDirectory(me, clock, transport.announce, lease_s=config.lease_s)
         self.fence = FleetFence(self.membership, transport, clock)
+        # One key through two nodes: older versions on peers go first (ordering.py).
+        self.upload_order = UploadOrder(
+            me.node_id, self.candidates, self.membership, transport, config.read_timeout_s
+        )
         self.replication: Replication | None = None
         # With replicas (set by the composition root): the holders' loop, the flusher's
         # claims.

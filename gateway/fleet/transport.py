@@ -22,6 +22,8 @@ from gateway.fleet.wire import (
     NodeInfo,
     PeerRow,
     ReplicaCommit,
+    SupersedeAnswer,
+    SupersedeRequest,
 )
 from gateway.models import ObjectMeta
 
@@ -99,6 +101,12 @@ class PeerTransport(Protocol):
     async def drain(self, address: str, request: DrainRequest, timeout_s: float) -> DrainAnswer: ...
 
     async def bye(self, address: str, node: NodeInfo, timeout_s: float) -> None: ...
+
+    async def supersede(
+        self, address: str, request: SupersedeRequest, timeout_s: float
+    ) -> SupersedeAnswer:
+        """Ask the peer to drop its older unflushed version of a key (``SupersedeRequest``)."""
+        ...
 
     async def version(
         self, address: str, bucket: str, key: str, timeout_s: float

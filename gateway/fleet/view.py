@@ -177,6 +177,17 @@ class MarkerHolds(Protocol):
         ...
 
 
+class UploadOrder(Protocol):
+    """One key through two nodes (docs/fleet.md): versions reach the bucket in
+    acknowledgement order."""
+
+    async def before_upload(self, obj: LocalObject) -> bool:
+        """True: upload (peers dropped, or finished uploading, older versions of the key).
+        False: a peer's newer version is durable upstream; drop this one. Raises a
+        FlushError when a peer cannot be asked now."""
+        ...
+
+
 class UploadClaims(Protocol):
     """With replicas on (docs/fleet.md, "Takeover"): one uploader per version."""
 

@@ -245,6 +245,61 @@ class DrainRequest:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class SupersedeRequest:
+    """The sender is about to upload its version of ``bucket/key``, acknowledged at
+    ``acked_s`` by ``node``: the receiver drops an older unflushed version of the key
+    (waiting up to ``wait_s`` for an upload of it already on its way), so that none lands
+    after the sender's (docs/fleet.md, "One key through two nodes")."""
+
+    bucket: str
+    key: str
+    acked_s: float
+    node: str
+    wait_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bucket": self.bucket,
+            "key": self.key,
+            "acked_s": self.acked_s,
+            "node": self.node,
+            "wait_s": self.wait_s,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> SupersedeRequest:
+        doc = _object(raw)
+        wait_s = _number(doc, "wait_s")
+        if not 0 <= wait_s <= 600:
+            raise WireError("wait_s: out of range")
+        return cls(
+            _field(doc, "bucket", str),
+            _field(doc, "key", str),
+            _number(doc, "acked_s"),
+            _field(doc, "node", str),
+            wait_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SupersedeAnswer:
+    """``newer``: the receiver holds a newer version that is durable upstream (the sender's
+    must not go over it); ``busy``: an upload of an older version is still on its way
+    (ask again later)."""
+
+    newer: bool = False
+    busy: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"newer": self.newer, "busy": self.busy}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> SupersedeAnswer:
+        doc = _object(raw)
+        return cls(bool(_field(doc, "newer", bool)), bool(_field(doc, "busy", bool)))
+
+
 ANY_LOST_WRITER = "*"
 
 

@@ -41,7 +41,7 @@ from typing import BinaryIO, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
-from gateway.fleet.view import MarkerHolds, UploadClaims
+from gateway.fleet.view import MarkerHolds, UploadClaims, UploadOrder
 from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
 from gateway.flush.early import EarlyUploads
@@ -111,6 +111,7 @@ class Flusher:
         multipart_threshold_bytes: int = 64 << 20,
         marker_holds: MarkerHolds | None = None,
         claims: UploadClaims | None = None,
+        upload_order: UploadOrder | None = None,
     ) -> None:
         self._journal = journal
         self._queue = FlushQueue(journal)
@@ -124,6 +125,9 @@ class Flusher:
         # In a fleet, commit markers also wait for every other gateway (fleet/fence.py).
         self.order = FlushOrder(self.policy, journal.figures, marker_holds)
         self._claims = claims  # with replicas: one uploader per version (fleet/claims.py)
+        # In a fleet: a key's versions on several nodes go up in ack order (fleet/ordering.py).
+        self._upload_order = upload_order
+        self._withdrawn: set[tuple[str, str, int]] = set()  # versions never to upload
         self.progress = FlushProgress(clock.monotonic)  # bytes in flight, measured rates
         self.gate.on_accepted, self.gate.on_retry = self.progress.accepted, self.progress.failed
         self._is_attached = False
@@ -341,6 +345,10 @@ class Flusher:
             reason = None if obj.is_delete else unsendable(obj.meta)
             if reason is not None:
                 raise Fatal(reason)
+            if (obj.meta.bucket, obj.meta.key, obj.seq) in self._withdrawn:
+                return  # a peer's newer version goes instead: being dropped (withdraw)
+            if self._upload_order is not None and not await self._upload_order.before_upload(obj):
+                return await self._drop(obj)  # a peer's newer version is in the bucket
             if not await self._claimed(obj):  # with replicas: uploaded by another gateway
                 return await self._record_durable(obj)
             with self.progress.upload(obj.meta.bucket, obj.meta.key, obj.meta.size_bytes):
@@ -366,6 +374,34 @@ class Flusher:
         if decision == "wait":
             raise Retryable("another gateway holds the upload's claim: it uploads it")
         return decision == "upload"
+
+    async def withdraw(self, obj: LocalObject, wait_s: float) -> bool:
+        """A peer is about to upload a newer version of ``obj``'s key (docs/fleet.md, "One
+        key through two nodes"): never upload ``obj``'s version; an upload of the key
+        already on its way may finish first (up to ``wait_s``). True: it will not reach
+        the bucket after now (dropped, or uploaded already); False: still uploading."""
+        ident = (obj.meta.bucket, obj.meta.key)
+        withdrawn = (*ident, obj.seq)
+        self._withdrawn.add(withdrawn)
+        try:
+            task = self._by_key.get(ident)
+            if task is not None:
+                done, _ = await asyncio.wait([task], timeout=wait_s)
+                if not done:
+                    return False
+            await self._drop(obj)
+            return True
+        finally:
+            self._withdrawn.discard(withdrawn)
+
+    async def _drop(self, obj: LocalObject) -> None:
+        blob_ids = await self._queue.drop(obj)
+        if blob_ids is None:
+            return
+        log.info(
+            "%s seq=%d: a newer version from another gateway goes instead", _name(obj), obj.seq
+        )
+        await self._blobs.discard(blob_ids)
 
     async def _record_durable(self, obj: LocalObject) -> None:
         self._uploads_ok += 1

@@ -29,6 +29,7 @@ from gateway.store.rows import (
     IMAGE_COLUMNS,
     RowChange,
     RowImage,
+    blob_ids_of,
     image_from,
     prefix_bytes,
     row_from,
@@ -91,6 +92,28 @@ class FlushQueue:
             _bump(conn, "flushed_objects", 1)
             _bump(conn, "flushed_bytes", obj.meta.size_bytes)
             return True
+
+        return await self._journal.run_write(op)
+
+    async def drop(self, obj: LocalObject) -> list[str] | None:
+        """A newer version of the key, acknowledged on another gateway, goes upstream
+        instead of ``obj``'s (docs/fleet.md, "One key through two nodes"): its row is
+        deleted unless it is durable already or was superseded here. Returns its blob ids,
+        for the caller to unlink after this returns; None when nothing was dropped."""
+
+        def op(conn: sqlite3.Connection) -> list[str] | None:
+            row = conn.execute(
+                f"SELECT blob_id, parts, {IMAGE_COLUMNS} FROM objects "
+                "WHERE bucket = ? AND key = ? AND seq = ?",
+                (obj.meta.bucket, obj.meta.key, obj.seq),
+            ).fetchone()
+            if row is None:
+                return None
+            image = image_from(row[2:])
+            if image.state is FlushState.DURABLE:
+                return None
+            self._journal.delete_row(conn, image, is_flush=False)  # nothing was uploaded
+            return blob_ids_of(row[0], row[1])
 
         return await self._journal.run_write(op)
 

@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,9 +45,12 @@ from gateway.fleet.wire import (
     LeaseRequest,
     NodeInfo,
     PeerRow,
+    SupersedeAnswer,
+    SupersedeRequest,
 )
 from gateway.models import FlushState, LocalObject, ObjectMeta
 from gateway.store.members import MemberRecord
+from gateway.upstream.classify import FlushError
 
 T = TypeVar("T")
 BUCKET = "sim"
@@ -159,6 +162,13 @@ class SimTransport:
             self._me, address, lambda n: n.api_rows(prefix, after, limit), timeout_s
         )
 
+    async def supersede(
+        self, address: str, request: SupersedeRequest, timeout_s: float
+    ) -> SupersedeAnswer:
+        return await self._net.call(
+            self._me, address, lambda n: n.api_supersede(request), timeout_s
+        )
+
 
 # ------------------------------------------------------------------------------ a node's disk
 
@@ -253,6 +263,9 @@ class SimNode:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._holds: dict[int, Any] = {}
         self.released: set[int] = set()
+        self.uploading: dict[str, Row] = {}  # key -> the row whose upload is on its way
+        self.withdrawn: set[int] = set()  # seqs a peer's newer version supersedes
+        self.dropped = 0
         me = NodeInfo(name, disk.datadir_id, LoopClock().wall())
         config = FleetConfig(port=int(address.rpartition(":")[2]), lease_s=lease_s, refresh_s=5.0)
         self.transport = self.transport_class(net, address)
@@ -371,7 +384,9 @@ class SimNode:
         # and a dead node must not go on flushing.
         while self.is_up:
             ready = [
-                r for r in self.disk.pending.values() if not self.is_paused and self._may_flush(r)
+                r
+                for r in self.disk.pending.values()
+                if not self.is_paused and self._may_flush(r) and r.seq not in self.withdrawn
             ]
             if not ready:
                 self.changed.clear()
@@ -381,12 +396,45 @@ class SimNode:
             await self._flush_one(min(ready, key=lambda r: r.seq))
 
     async def _flush_one(self, row: Row) -> None:
-        await asyncio.sleep(self.rng.uniform(*self.upload_s))
-        current = self.disk.rows.get(row.key)
-        if current is row and not self.is_paused:
-            now_s = asyncio.get_running_loop().time()
-            self.bucket.put(row.key, row.value, now_s, row.is_delete)
-            self._mark_durable(row)
+        if not await self._in_order(row):
+            return
+        with self.upload_of(row):
+            await asyncio.sleep(self.rng.uniform(*self.upload_s))
+            current = self.disk.rows.get(row.key)
+            if current is row and not self.is_paused:
+                now_s = asyncio.get_running_loop().time()
+                self.bucket.put(row.key, row.value, now_s, row.is_delete)
+                self._mark_durable(row)
+
+    @contextlib.contextmanager
+    def upload_of(self, row: Row) -> Iterator[None]:
+        """An upload of ``row`` on its way (a peer's supersede waits for it)."""
+        self.uploading[row.key] = row
+        try:
+            yield
+        finally:
+            del self.uploading[row.key]
+            self.changed.set()
+
+    async def _in_order(self, row: Row) -> bool:
+        """The real flusher's step before an upload (fleet/ordering.py): peers drop older
+        versions of the key; False when this one is not to go up (a peer's newer version
+        is durable: dropped; or a peer could not be asked: later)."""
+        try:
+            if await self.fleet.upload_order.before_upload(row.as_local()):
+                return row.seq not in self.withdrawn
+        except FlushError:
+            await asyncio.sleep(1.0)
+            return False
+        self._drop(row)
+        return False
+
+    def _drop(self, row: Row) -> None:
+        if self.disk.pending.get(row.key) is row:
+            del self.disk.pending[row.key]
+            del self.disk.rows[row.key]
+            self.dropped += 1
+        self.changed.set()
 
     def _mark_durable(self, row: Row) -> None:
         row.state = "durable"
@@ -435,6 +483,30 @@ class SimNode:
     def _head(self, row: Row) -> PeerHead:
         local = row.as_local()
         return PeerHead(self.name, local.meta, "pending", row.acked_s, row.is_delete)
+
+    async def api_supersede(self, request: SupersedeRequest) -> SupersedeAnswer:
+        """As the peer API's ``supersede`` with the flusher's ``withdraw``."""
+        row = self.disk.rows.get(request.key)
+        if row is None:
+            return SupersedeAnswer()
+        if (row.acked_s, self.name) > (request.acked_s, request.node):
+            return SupersedeAnswer(newer=row.state == "durable")
+        if row.state == "durable":
+            return SupersedeAnswer()
+        self.withdrawn.add(row.seq)
+        try:
+            deadline_s = asyncio.get_running_loop().time() + request.wait_s
+            while request.key in self.uploading:
+                left_s = deadline_s - asyncio.get_running_loop().time()
+                if left_s <= 0:
+                    return SupersedeAnswer(busy=True)
+                self.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), left_s)
+            self._drop(row)
+            return SupersedeAnswer()
+        finally:
+            self.withdrawn.discard(row.seq)
 
     async def api_version(self, key: str) -> PeerHead | None:
         row = self.disk.rows.get(key)

@@ -324,6 +324,12 @@ class ReplicaNode(SimNode):
     # -- the flusher ------------------------------------------------------------------------
 
     async def _flush_one(self, row: Row) -> None:
+        if not await self._in_order(row):
+            return
+        with self.upload_of(row):
+            await self._claimed_upload(row)
+
+    async def _claimed_upload(self, row: Row) -> None:
         try:
             decision = await self.claims.before_upload(self._local(row))
             if decision == "wait":  # another, not lost, holds its claim: it uploads it

@@ -1,0 +1,104 @@
+"""The uploader's side of "one key through two nodes" (``fleet/ordering.py``): which peers
+are asked before an upload, and what their answers make of it. The peers' side and the
+whole over real sockets: tests/integration/test_it_fleet.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from gateway.fleet.membership import Member
+from gateway.fleet.ordering import UploadOrder
+from gateway.fleet.transport import PeerUnavailable
+from gateway.fleet.wire import SupersedeAnswer, SupersedeRequest
+from gateway.models import FlushState, LocalObject, ObjectMeta
+from gateway.upstream.classify import Retryable
+
+ROW = LocalObject(
+    meta=ObjectMeta("b", "ckpt/latest", 3, "0" * 32, 100.0),
+    seq=7,
+    state=FlushState.FLUSHING,
+    blob_id=None,
+    acked_s=100.0,
+)
+
+
+class _Members:
+    def __init__(self, *names: str) -> None:
+        self.members = {n: Member(n, f"{n}.peers:9000") for n in names}
+
+    def get(self, node_id: str) -> Member | None:
+        return self.members.get(node_id)
+
+
+class _Transport:
+    """Answers per address: a SupersedeAnswer, or an exception to raise."""
+
+    def __init__(self, answers: dict[str, SupersedeAnswer | Exception]) -> None:
+        self.answers = answers
+        self.asked: list[tuple[str, SupersedeRequest]] = []
+
+    async def supersede(
+        self, address: str, request: SupersedeRequest, timeout_s: float
+    ) -> SupersedeAnswer:
+        self.asked.append((address, request))
+        answer = self.answers[address]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _order(candidates: Sequence[str], transport: _Transport, members: _Members) -> UploadOrder:
+    def listed(bucket: str, key: str) -> Sequence[str]:
+        assert (bucket, key) == ("b", "ckpt/latest")
+        return candidates
+
+    fake: Any = members
+    return UploadOrder("me", listed, fake, transport, timeout_s=2.0)  # type: ignore[arg-type]
+
+
+async def test_nobody_listing_the_key_is_asked_and_the_upload_goes() -> None:
+    transport = _Transport({})
+    assert await _order([], transport, _Members("x")).before_upload(ROW)
+    assert transport.asked == []
+
+
+async def test_every_candidate_is_told_of_the_version_and_it_goes_when_none_is_newer() -> None:
+    transport = _Transport(
+        {"x.peers:9000": SupersedeAnswer(), "y.peers:9000": SupersedeAnswer(newer=False)}
+    )
+    assert await _order(["x", "y"], transport, _Members("x", "y")).before_upload(ROW)
+    assert sorted(address for address, _ in transport.asked) == ["x.peers:9000", "y.peers:9000"]
+    request = transport.asked[0][1]
+    assert (request.bucket, request.key, request.acked_s, request.node) == (
+        "b",
+        "ckpt/latest",
+        100.0,
+        "me",
+    )
+
+
+async def test_a_newer_durable_version_on_a_peer_drops_this_one() -> None:
+    transport = _Transport(
+        {"x.peers:9000": SupersedeAnswer(), "y.peers:9000": SupersedeAnswer(newer=True)}
+    )
+    assert not await _order(["x", "y"], transport, _Members("x", "y")).before_upload(ROW)
+
+
+@pytest.mark.parametrize(
+    "answer", [SupersedeAnswer(busy=True), PeerUnavailable("connection refused")]
+)
+async def test_a_peer_busy_or_not_answering_makes_the_upload_wait(
+    answer: SupersedeAnswer | Exception,
+) -> None:
+    transport = _Transport({"x.peers:9000": SupersedeAnswer(), "y.peers:9000": answer})
+    with pytest.raises(Retryable):
+        await _order(["x", "y"], transport, _Members("x", "y")).before_upload(ROW)
+
+
+async def test_a_candidate_that_left_the_fleet_is_not_asked() -> None:
+    transport = _Transport({"x.peers:9000": SupersedeAnswer()})
+    assert await _order(["x", "gone"], transport, _Members("x")).before_upload(ROW)
+    assert [address for address, _ in transport.asked] == ["x.peers:9000"]
