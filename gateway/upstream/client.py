@@ -450,7 +450,8 @@ class AiobotocoreUpstream:
         if (
             direct is not None
             and meta.size_bytes <= self._direct_put_max_bytes
-            and (direct.takes(meta.bucket))
+            and direct.takes(meta.bucket)
+            and _ascii_metadata(meta)
         ):
             data = body.read()
             try:
@@ -900,6 +901,13 @@ def _put_headers(meta: ObjectMeta, condition: Condition | None) -> dict[str, str
 
 
 _CONDITION_HEADERS = {"IfMatch": "if-match", "IfNoneMatch": "if-none-match"}
+
+
+def _ascii_metadata(meta: ObjectMeta) -> bool:
+    """botocore refuses user metadata that is not US-ASCII (S3's REST rule; ingest stores
+    such values RFC 2047-encoded, so only an old or damaged row has one): such a row goes
+    through botocore, to be refused exactly as it always was."""
+    return all(k.isascii() and v.isascii() for k, v in meta.user_metadata.items())
 
 
 @dataclass(frozen=True, slots=True)

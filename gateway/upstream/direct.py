@@ -172,7 +172,7 @@ def sign_put(
     (``UNSIGNED-PAYLOAD``, as the client sends it: see ``client.py``)."""
     path = target.path_prefix + quote(key, safe="/~")
     signed = {
-        **headers,
+        **{name.lower(): value for name, value in headers.items()},
         "host": target.host,
         "content-length": str(size_bytes),
         "x-amz-content-sha256": UNSIGNED_PAYLOAD,

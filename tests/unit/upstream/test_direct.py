@@ -18,7 +18,7 @@ from botocore.credentials import Credentials
 from botocore.utils import percent_encode
 
 from gateway.models import ObjectMeta
-from gateway.upstream.classify import ConditionFailed, Retryable, Throttled
+from gateway.upstream.classify import ConditionFailed, Fatal, Retryable, Throttled
 from gateway.upstream.client import AiobotocoreUpstream, unchanged_since
 from gateway.upstream.direct import sign_put, target_of
 
@@ -53,6 +53,7 @@ def test_the_signature_is_the_one_botocore_computes(key: str, token: str | None,
         "content-md5": "1B2M2Y8AsgTpgAmY7PhCfg==",
         "content-type": "text/plain; charset=utf-8",
         "x-amz-meta-note": "two  spaces\tand a tab ",
+        "X-Amz-Meta-Rank": "3",  # names are signed in lower case, as sent
         "x-amz-checksum-crc32c": "yZRlqg==",
         "if-none-match": "*",
     }
@@ -199,3 +200,15 @@ def test_the_proxy_is_the_environments_unless_no_proxy_exempts_the_host(
     assert target_of("http://b.s3.amazonaws.com/k", "k", "us-east-1").proxy is None
     assert target_of("https://127.0.0.1:9000/b/k", "k", "us-east-1").proxy is None
     assert target_of("https://minio.svc.cluster.local/b/k", "k", "us-east-1").proxy is None
+
+
+async def test_metadata_botocore_refuses_is_refused_as_botocore_refuses_it(
+    learnt: tuple[AiobotocoreUpstream, list[web.Response]],
+) -> None:
+    """Non-ASCII user metadata (a row from before ingest encoded it): botocore's own
+    refusal, a permanent failure, not a direct PUT the bucket would store differently."""
+    up, _ = learnt
+    meta = replace(_META, user_metadata={"a": "café"})
+    with pytest.raises(Fatal, match="Non ascii"):
+        await up.put_object(meta, io.BytesIO(b"x"))
+    assert up._direct is not None and up._direct.takes("b")
