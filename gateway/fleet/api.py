@@ -14,6 +14,7 @@ of a key, evaluated with the request's range and preconditions; sent with sendfi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -49,6 +50,7 @@ from gateway.fleet.wire import (
     PeerRow,
     SupersedeAnswer,
     SupersedeRequest,
+    Superseding,
     WireError,
 )
 from gateway.flush import stuck
@@ -148,19 +150,27 @@ async def _version(side: PeerSide, doc: Any, request: web.Request) -> Any:
 
 
 async def _supersede(side: PeerSide, doc: Any, request: web.Request) -> Any:
-    """A peer is about to upload its version of a key (docs/fleet.md, "One key through two
-    nodes"): this node's older unflushed version never goes up after it; a newer version
-    of this node's, durable already, is answered ``newer`` (the peer's must not go over
-    it). Versions are ordered as reads order them: acknowledgement, then node id."""
+    """A peer is about to upload its versions of some keys (docs/fleet.md, "One key
+    through two nodes"): this node's older unflushed version of each never goes up after
+    it; a newer version of this node's, durable already, is answered ``newer`` (the
+    peer's must not go over it). Versions are ordered as reads order them:
+    acknowledgement, then node id."""
     ask = SupersedeRequest.from_json(doc)
-    row = await side.journal.get(ask.bucket, ask.key)
+    answers = await asyncio.gather(*(_superseded(side, ask, v) for v in ask.versions))
+    return {"answers": [a.to_json() for a in answers]}
+
+
+async def _superseded(
+    side: PeerSide, ask: SupersedeRequest, version: Superseding
+) -> SupersedeAnswer:
+    row = await side.journal.get(version.bucket, version.key)
     if row is None or side.withdraw is None:
-        return SupersedeAnswer().to_json()
-    if (row.acked_s, side.fleet.me.node_id) > (ask.acked_s, ask.node):
-        return SupersedeAnswer(newer=row.state is FlushState.DURABLE).to_json()
+        return SupersedeAnswer()
+    if (row.acked_s, side.fleet.me.node_id) > (version.acked_s, ask.node):
+        return SupersedeAnswer(newer=row.state is FlushState.DURABLE)
     if row.state is FlushState.DURABLE:  # went up before the peer's: the peer's goes over it
-        return SupersedeAnswer().to_json()
-    return SupersedeAnswer(busy=not await side.withdraw(row, ask.wait_s)).to_json()
+        return SupersedeAnswer()
+    return SupersedeAnswer(busy=not await side.withdraw(row, ask.wait_s))
 
 
 async def _rows(side: PeerSide, doc: Any, request: web.Request) -> Any:

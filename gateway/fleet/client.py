@@ -33,6 +33,7 @@ from gateway.fleet.wire import (
     SupersedeAnswer,
     SupersedeRequest,
     WireError,
+    supersede_answers,
 )
 from gateway.models import ObjectMeta
 
@@ -164,9 +165,9 @@ class PeerClient:
 
     async def supersede(
         self, address: str, request: SupersedeRequest, timeout_s: float
-    ) -> SupersedeAnswer:
+    ) -> list[SupersedeAnswer]:
         answer = await self._call(address, "supersede", request.to_json(), timeout_s)
-        return _decoded(SupersedeAnswer.from_json, answer)
+        return _decoded(lambda raw: supersede_answers(raw, len(request.versions)), answer)
 
     async def version(
         self, address: str, bucket: str, key: str, timeout_s: float

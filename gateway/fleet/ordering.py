@@ -11,6 +11,11 @@ peer holding a newer version that is already durable answers so, and this node d
 own instead of putting it over the newer one. A peer holding a newer version still pending
 lets this one go: its own upload comes later and asks the same.
 
+The versions about to go up are told to each peer in batches: what the flusher starts
+within ``_BATCH_S`` goes in one request per peer (at most ``MAX_SUPERSEDING``), so a
+checkpoint of many small objects written through many nodes costs a request per peer per
+batch, not per object.
+
 A peer that cannot be asked, or is still uploading an older version, makes the upload wait
 (retried with the flusher's backoff); a peer that stays unreachable stops being a
 candidate once its lease runs out (``lease_s``), as for reads.
@@ -23,16 +28,20 @@ from collections.abc import Callable, Sequence
 
 from gateway.fleet.membership import Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
-from gateway.fleet.wire import SupersedeAnswer, SupersedeRequest
+from gateway.fleet.wire import MAX_SUPERSEDING, SupersedeAnswer, SupersedeRequest, Superseding
 from gateway.models import LocalObject
 from gateway.upstream.classify import Retryable
 
 # How long a peer may wait for its own upload of an older version before answering busy.
 _PEER_WAIT_S = 5.0
+_BATCH_S = 0.002  # versions told to one peer together: what arrives within this
+
+_Waiter = tuple[Superseding, "asyncio.Future[SupersedeAnswer]"]
 
 
 class UploadOrder:
-    """The flusher's side (``view.UploadOrder``): ``before_upload`` for every version."""
+    """The flusher's side (``view.UploadOrder``): ``before_upload`` for every version.
+    Loop-bound."""
 
     def __init__(
         self,
@@ -47,6 +56,9 @@ class UploadOrder:
         self._membership = membership
         self._transport = transport
         self._timeout_s = timeout_s
+        self._batches: dict[str, list[_Waiter]] = {}  # peer -> versions not sent yet
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.requests = 0  # supersede requests sent (tests, status)
 
     async def before_upload(self, obj: LocalObject) -> bool:
         """True: upload ``obj`` (no peer will upload an older version of its key after
@@ -55,22 +67,52 @@ class UploadOrder:
         nodes = self._candidates(obj.meta.bucket, obj.meta.key)
         if not nodes:
             return True
-        request = SupersedeRequest(
-            obj.meta.bucket, obj.meta.key, obj.acked_s, self._node_id, _PEER_WAIT_S
-        )
-        answers = await asyncio.gather(*(self._ask(node, request) for node in nodes))
+        version = Superseding(obj.meta.bucket, obj.meta.key, obj.acked_s)
+        try:
+            answers = await asyncio.gather(*(self._ask(node, version) for node in nodes))
+        except PeerUnavailable as exc:
+            raise Retryable(f"a peer was not asked about older versions: {exc}") from None
         busy = [node for node, answer in zip(nodes, answers, strict=True) if answer.busy]
         if busy:
             raise Retryable(f"{', '.join(busy)} still uploading an older version of the key")
         return not any(answer.newer for answer in answers)
 
-    async def _ask(self, node: str, request: SupersedeRequest) -> SupersedeAnswer:
+    def _ask(self, node: str, version: Superseding) -> asyncio.Future[SupersedeAnswer]:
+        """The peer's answer about ``version``, sent with the others of its batch."""
+        future: asyncio.Future[SupersedeAnswer] = asyncio.get_running_loop().create_future()
+        batch = self._batches.get(node)
+        if batch is None:
+            batch = self._batches[node] = []
+            task = asyncio.get_running_loop().create_task(self._send_after(node, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        batch.append((version, future))
+        if len(batch) >= MAX_SUPERSEDING:
+            del self._batches[node]  # full: its task sends it; the next version starts anew
+        return future
+
+    async def _send_after(self, node: str, batch: list[_Waiter]) -> None:
+        await asyncio.sleep(_BATCH_S)
+        if self._batches.get(node) is batch:
+            del self._batches[node]
+        await self._send(node, batch)
+
+    async def _send(self, node: str, batch: list[_Waiter]) -> None:
         member = self._membership.get(node)
-        if member is None:  # left the fleet since it was listed
-            return SupersedeAnswer()
         try:
-            return await self._transport.supersede(
-                member.address, request, self._timeout_s + request.wait_s
-            )
-        except PeerUnavailable as exc:
-            raise Retryable(f"peer {node} not asked about older versions: {exc}") from None
+            if member is None:  # left the fleet since it was listed: it holds nothing
+                answers = [SupersedeAnswer() for _ in batch]
+            else:
+                request = SupersedeRequest(self._node_id, tuple(v for v, _ in batch), _PEER_WAIT_S)
+                self.requests += 1
+                answers = await self._transport.supersede(
+                    member.address, request, self._timeout_s + _PEER_WAIT_S
+                )
+        except Exception as exc:  # every waiter hears of it
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), answer in zip(batch, answers, strict=True):
+            if not future.done():
+                future.set_result(answer)

@@ -104,8 +104,9 @@ class PeerTransport(Protocol):
 
     async def supersede(
         self, address: str, request: SupersedeRequest, timeout_s: float
-    ) -> SupersedeAnswer:
-        """Ask the peer to drop its older unflushed version of a key (``SupersedeRequest``)."""
+    ) -> list[SupersedeAnswer]:
+        """Ask the peer to drop its older unflushed versions of keys (``SupersedeRequest``);
+        an answer per version, in order."""
         ...
 
     async def version(

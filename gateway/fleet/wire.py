@@ -246,24 +246,48 @@ class DrainRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class SupersedeRequest:
-    """The sender is about to upload its version of ``bucket/key``, acknowledged at
-    ``acked_s`` by ``node``: the receiver drops an older unflushed version of the key
-    (waiting up to ``wait_s`` for an upload of it already on its way), so that none lands
-    after the sender's (docs/fleet.md, "One key through two nodes")."""
+class Superseding:
+    """One version the sender is about to upload: ``bucket/key`` acknowledged at
+    ``acked_s`` by the sender's node."""
 
     bucket: str
     key: str
     acked_s: float
+
+    def to_json(self) -> list[Any]:
+        return [self.bucket, self.key, self.acked_s]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Superseding:
+        if not (
+            isinstance(raw, list)
+            and len(raw) == 3
+            and isinstance(raw[0], str)
+            and isinstance(raw[1], str)
+            and isinstance(raw[2], int | float)
+            and not isinstance(raw[2], bool)
+        ):
+            raise WireError("version: expected [bucket, key, acked_s]")
+        return cls(raw[0], raw[1], float(raw[2]))
+
+
+MAX_SUPERSEDING = 1000  # versions in one supersede request
+
+
+@dataclass(frozen=True, slots=True)
+class SupersedeRequest:
+    """``node`` is about to upload ``versions``: the receiver drops its older unflushed
+    version of each key (waiting up to ``wait_s`` for an upload of it already on its way),
+    so that none lands after the sender's (docs/fleet.md, "One key through two nodes")."""
+
     node: str
+    versions: tuple[Superseding, ...]
     wait_s: float
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "bucket": self.bucket,
-            "key": self.key,
-            "acked_s": self.acked_s,
             "node": self.node,
+            "versions": [v.to_json() for v in self.versions],
             "wait_s": self.wait_s,
         }
 
@@ -273,31 +297,39 @@ class SupersedeRequest:
         wait_s = _number(doc, "wait_s")
         if not 0 <= wait_s <= 600:
             raise WireError("wait_s: out of range")
+        versions = _field(doc, "versions", list)
+        if not 0 < len(versions) <= MAX_SUPERSEDING:
+            raise WireError(f"versions: expected 1 to {MAX_SUPERSEDING}")
         return cls(
-            _field(doc, "bucket", str),
-            _field(doc, "key", str),
-            _number(doc, "acked_s"),
-            _field(doc, "node", str),
-            wait_s,
+            _field(doc, "node", str), tuple(Superseding.from_json(v) for v in versions), wait_s
         )
 
 
 @dataclass(frozen=True, slots=True)
 class SupersedeAnswer:
-    """``newer``: the receiver holds a newer version that is durable upstream (the sender's
-    must not go over it); ``busy``: an upload of an older version is still on its way
-    (ask again later)."""
+    """Per version: ``newer``, the receiver holds a newer version that is durable upstream
+    (the sender's must not go over it); ``busy``, an upload of an older version is still
+    on its way (ask again later)."""
 
     newer: bool = False
     busy: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return {"newer": self.newer, "busy": self.busy}
+    def to_json(self) -> list[bool]:
+        return [self.newer, self.busy]
 
     @classmethod
     def from_json(cls, raw: Any) -> SupersedeAnswer:
-        doc = _object(raw)
-        return cls(bool(_field(doc, "newer", bool)), bool(_field(doc, "busy", bool)))
+        if not (isinstance(raw, list) and len(raw) == 2 and all(type(x) is bool for x in raw)):
+            raise WireError("answer: expected [newer, busy]")
+        return cls(raw[0], raw[1])
+
+
+def supersede_answers(raw: Any, count: int) -> list[SupersedeAnswer]:
+    """The answers to a request of ``count`` versions, in its order."""
+    answers = _field(_object(raw), "answers", list)
+    if len(answers) != count:
+        raise WireError(f"answers: expected {count}")
+    return [SupersedeAnswer.from_json(a) for a in answers]
 
 
 ANY_LOST_WRITER = "*"

@@ -47,6 +47,7 @@ from gateway.fleet.wire import (
     PeerRow,
     SupersedeAnswer,
     SupersedeRequest,
+    Superseding,
 )
 from gateway.models import FlushState, LocalObject, ObjectMeta
 from gateway.store.members import MemberRecord
@@ -164,7 +165,7 @@ class SimTransport:
 
     async def supersede(
         self, address: str, request: SupersedeRequest, timeout_s: float
-    ) -> SupersedeAnswer:
+    ) -> list[SupersedeAnswer]:
         return await self._net.call(
             self._me, address, lambda n: n.api_supersede(request), timeout_s
         )
@@ -484,19 +485,22 @@ class SimNode:
         local = row.as_local()
         return PeerHead(self.name, local.meta, "pending", row.acked_s, row.is_delete)
 
-    async def api_supersede(self, request: SupersedeRequest) -> SupersedeAnswer:
+    async def api_supersede(self, request: SupersedeRequest) -> list[SupersedeAnswer]:
         """As the peer API's ``supersede`` with the flusher's ``withdraw``."""
-        row = self.disk.rows.get(request.key)
+        return list(await asyncio.gather(*(self._superseded(request, v) for v in request.versions)))
+
+    async def _superseded(self, request: SupersedeRequest, version: Superseding) -> SupersedeAnswer:
+        row = self.disk.rows.get(version.key)
         if row is None:
             return SupersedeAnswer()
-        if (row.acked_s, self.name) > (request.acked_s, request.node):
+        if (row.acked_s, self.name) > (version.acked_s, request.node):
             return SupersedeAnswer(newer=row.state == "durable")
         if row.state == "durable":
             return SupersedeAnswer()
         self.withdrawn.add(row.seq)
         try:
             deadline_s = asyncio.get_running_loop().time() + request.wait_s
-            while request.key in self.uploading:
+            while version.key in self.uploading:
                 left_s = deadline_s - asyncio.get_running_loop().time()
                 if left_s <= 0:
                     return SupersedeAnswer(busy=True)

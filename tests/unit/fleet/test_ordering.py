@@ -4,6 +4,7 @@ whole over real sockets: tests/integration/test_it_fleet.py."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,17 +13,17 @@ import pytest
 from gateway.fleet.membership import Member
 from gateway.fleet.ordering import UploadOrder
 from gateway.fleet.transport import PeerUnavailable
-from gateway.fleet.wire import SupersedeAnswer, SupersedeRequest
+from gateway.fleet.wire import SupersedeAnswer, SupersedeRequest, Superseding
 from gateway.models import FlushState, LocalObject, ObjectMeta
 from gateway.upstream.classify import Retryable
 
-ROW = LocalObject(
-    meta=ObjectMeta("b", "ckpt/latest", 3, "0" * 32, 100.0),
-    seq=7,
-    state=FlushState.FLUSHING,
-    blob_id=None,
-    acked_s=100.0,
-)
+
+def _row(key: str = "ckpt/latest", acked_s: float = 100.0) -> LocalObject:
+    meta = ObjectMeta("b", key, 3, "0" * 32, acked_s)
+    return LocalObject(meta, seq=7, state=FlushState.FLUSHING, blob_id=None, acked_s=acked_s)
+
+
+ROW = _row()
 
 
 class _Members:
@@ -34,7 +35,7 @@ class _Members:
 
 
 class _Transport:
-    """Answers per address: a SupersedeAnswer, or an exception to raise."""
+    """Answers per address: a SupersedeAnswer for every version, or an exception."""
 
     def __init__(self, answers: dict[str, SupersedeAnswer | Exception]) -> None:
         self.answers = answers
@@ -42,17 +43,17 @@ class _Transport:
 
     async def supersede(
         self, address: str, request: SupersedeRequest, timeout_s: float
-    ) -> SupersedeAnswer:
+    ) -> list[SupersedeAnswer]:
         self.asked.append((address, request))
         answer = self.answers[address]
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        return [answer for _ in request.versions]
 
 
 def _order(candidates: Sequence[str], transport: _Transport, members: _Members) -> UploadOrder:
     def listed(bucket: str, key: str) -> Sequence[str]:
-        assert (bucket, key) == ("b", "ckpt/latest")
+        assert bucket == "b" and key.startswith("ckpt/")
         return candidates
 
     fake: Any = members
@@ -72,12 +73,8 @@ async def test_every_candidate_is_told_of_the_version_and_it_goes_when_none_is_n
     assert await _order(["x", "y"], transport, _Members("x", "y")).before_upload(ROW)
     assert sorted(address for address, _ in transport.asked) == ["x.peers:9000", "y.peers:9000"]
     request = transport.asked[0][1]
-    assert (request.bucket, request.key, request.acked_s, request.node) == (
-        "b",
-        "ckpt/latest",
-        100.0,
-        "me",
-    )
+    assert request.node == "me"
+    assert request.versions == (Superseding("b", "ckpt/latest", 100.0),)
 
 
 async def test_a_newer_durable_version_on_a_peer_drops_this_one() -> None:
@@ -102,3 +99,27 @@ async def test_a_candidate_that_left_the_fleet_is_not_asked() -> None:
     transport = _Transport({"x.peers:9000": SupersedeAnswer()})
     assert await _order(["x", "gone"], transport, _Members("x")).before_upload(ROW)
     assert [address for address, _ in transport.asked] == ["x.peers:9000"]
+
+
+async def test_versions_starting_together_go_to_each_peer_in_one_request() -> None:
+    """A flusher starting 2,500 uploads at once: one request per peer per 1,000 versions
+    (the batch's bound), not one per version; every version gets its own answer."""
+    transport = _Transport({"x.peers:9000": SupersedeAnswer(), "y.peers:9000": SupersedeAnswer()})
+    order = _order(["x", "y"], transport, _Members("x", "y"))
+    rows = [_row(f"ckpt/{i}", 100.0 + i) for i in range(2500)]
+    assert all(await asyncio.gather(*(order.before_upload(r) for r in rows)))
+    assert order.requests == len(transport.asked) == 6
+    sizes = sorted(len(request.versions) for _, request in transport.asked)
+    assert sizes == [500, 500, 1000, 1000, 1000, 1000]
+    told = {v.key for _, request in transport.asked for v in request.versions}
+    assert told == {r.meta.key for r in rows}
+
+
+async def test_a_failed_request_fails_every_version_of_its_batch() -> None:
+    transport = _Transport({"x.peers:9000": PeerUnavailable("reset")})
+    order = _order(["x"], transport, _Members("x"))
+    results = await asyncio.gather(
+        *(order.before_upload(_row(f"ckpt/{i}")) for i in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(r, Retryable) for r in results)
+    assert len(transport.asked) == 1
