@@ -42,6 +42,14 @@ def _optional_str(doc: Mapping[str, Any], name: str) -> str | None:
     return value
 
 
+def _wait_s(doc: Mapping[str, Any], most_s: float) -> float:
+    """A long poll's ``wait_s``, 0 to ``most_s`` seconds."""
+    wait_s = _number(doc, "wait_s")
+    if not 0 <= wait_s <= most_s:
+        raise WireError("wait_s: out of range")
+    return wait_s
+
+
 def _object(doc: Any) -> Mapping[str, Any]:
     if not isinstance(doc, Mapping):
         raise WireError("expected a JSON object")
@@ -231,9 +239,7 @@ class DrainRequest:
     @classmethod
     def from_json(cls, raw: Any) -> DrainRequest:
         doc = _object(raw)
-        wait_s = _number(doc, "wait_s")
-        if not 0 <= wait_s <= 3600:
-            raise WireError("wait_s: out of range")
+        wait_s = _wait_s(doc, 3600.0)
         return cls(
             _optional_str(doc, "bucket"),
             _field(doc, "prefix", str),
@@ -294,9 +300,7 @@ class SupersedeRequest:
     @classmethod
     def from_json(cls, raw: Any) -> SupersedeRequest:
         doc = _object(raw)
-        wait_s = _number(doc, "wait_s")
-        if not 0 <= wait_s <= 600:
-            raise WireError("wait_s: out of range")
+        wait_s = _wait_s(doc, 600.0)
         versions = _field(doc, "versions", list)
         if not 0 < len(versions) <= MAX_SUPERSEDING:
             raise WireError(f"versions: expected 1 to {MAX_SUPERSEDING}")
