@@ -116,12 +116,21 @@ def key_prefix(control_prefix: str, key: str) -> str:
 
 def _parse(bucket: str, key: str, name: str) -> Version | None:
     """The version a claim object's name (below its key prefix) stands for."""
+    parsed = _parse_name(bucket, key, name)
+    return None if parsed is None else parsed[0]
+
+
+def _parse_name(bucket: str, key: str, name: str) -> tuple[Version, str] | None:
+    """(version, suffix: an epoch or ``done``) of a claim object's name."""
     try:
         acked_us, owner, datadir, last = name.split("/")
-        seq, etag, _ = last.split(".")
-        return Version(bucket, key, int(acked_us) / 1e6, owner, datadir, int(seq), etag)
+        seq, etag, suffix = last.split(".")
+        version = Version(bucket, key, int(acked_us) / 1e6, owner, datadir, int(seq), etag)
     except ValueError:
         return None
+    if suffix != "done" and not suffix.isdigit():
+        return None
+    return version, suffix
 
 
 class Claims:
@@ -178,6 +187,29 @@ class Claims:
     async def done(self, v: Version) -> None:
         """Record that ``v`` is uploaded (idempotent)."""
         await self._bucket.put_if_absent(v.bucket, self._key(v, "done"), b"{}")
+
+    async def newer_on_its_way(self, v: Version) -> bool:
+        """Whether a version of ``v``'s key newer than ``v`` is in the bucket or on its way
+        there: marked done, or claimed (its latest epoch) by a claimant that is not lost.
+        A newer version claimed only by claimants lost since (a writer wiped mid-upload,
+        whose version may never have been acknowledged, so nobody holds a replica of it)
+        is neither: ``v`` goes up (guarded), and that version follows if a member still
+        holds it and takes it over."""
+        prefix = key_prefix(self._prefix, v.key)
+        suffixes: dict[Version, set[str]] = {}
+        for name in await self._bucket.list_keys(v.bucket, prefix):
+            parsed = _parse_name(v.bucket, v.key, name[len(prefix) :])
+            if parsed is not None and parsed[0].is_newer_than(v):
+                suffixes.setdefault(parsed[0], set()).add(parsed[1])
+        for other, names in suffixes.items():
+            if "done" in names:
+                return True
+            holder = await self._claimant(other, max(int(n) for n in names))
+            if holder is not None and not self._is_lost(
+                holder.node_id, holder.datadir_id, holder.started_s
+            ):
+                return True
+        return False
 
     async def claimed(self, v: Version) -> set[Version]:
         """Every version of ``v``'s key claimed so far, by any writer or taker-over."""

@@ -133,3 +133,28 @@ async def test_claimed_versions_are_ordered_as_the_fleet_orders_writes(
     found = await claims_of(bucket, "c").claimed(held)
     assert found == ({claimed} if claimed.key == held.key else set())  # ETags too
     assert any(v.is_newer_than(held) for v in found) is newer
+
+
+async def test_a_newer_version_is_on_its_way_only_while_someone_alive_claims_it() -> None:
+    """The writer ``a`` acknowledged seq 7 (a replica on ``b``), then claimed seq 10 and
+    was wiped before uploading it (seq 10 was never acknowledged: nobody holds it). Seq 10
+    is not on its way, so ``b`` uploads seq 7; a newer version claimed by a live node, or
+    done, is on its way and seq 7 stays out."""
+    bucket = MemoryBucket()
+    older, newer = version(seq=7), version(seq=10)
+    lost: set[str] = set()
+    await claims_of(bucket, "a", lost).claim(newer)
+    taker = claims_of(bucket, "b", lost)
+    assert await taker.newer_on_its_way(older)  # a is alive: it uploads seq 10
+    lost.add("a")
+    assert not await taker.newer_on_its_way(older)
+    assert not await taker.newer_on_its_way(newer)  # nothing newer than itself
+    # c holds a replica of seq 10 after all and takes it over: on its way again, then done.
+    assert (await claims_of(bucket, "c", lost).claim(newer)).epoch == 2
+    assert await taker.newer_on_its_way(older)
+    lost.add("c")
+    assert not await taker.newer_on_its_way(older)
+    await claims_of(bucket, "c", lost).done(newer)
+    assert await taker.newer_on_its_way(older)
+    # Another writer's later acknowledgement counts as newer; an earlier one does not.
+    assert not await taker.newer_on_its_way(version(seq=1, owner="z", acked_s=200.0))
