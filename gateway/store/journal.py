@@ -291,9 +291,13 @@ class Journal(JournalEngine):
         return await self._read(op)
 
     async def unflushed_seqs(self, seqs: Sequence[int]) -> set[int]:
-        """Which of these versions are still rows not durable upstream (a version that is
-        durable, or superseded by a newer one, is not)."""
+        """Which of these versions a replica holder must still keep: rows not durable
+        upstream, and versions superseded here by a row that is not durable yet (between
+        its fence and its seq). The newer row may never have been acknowledged (its own
+        replica failed): until it drains, the older acknowledged version's replica is the
+        only other copy of the newest acknowledged data."""
         wanted = list(seqs)
+        unflushed = "state IN ('pending', 'flushing', 'failed')"
 
         def op(conn: sqlite3.Connection) -> set[int]:
             out: set[int] = set()
@@ -303,11 +307,14 @@ class Journal(JournalEngine):
                 out.update(
                     int(r[0])
                     for r in conn.execute(
-                        f"SELECT seq FROM objects WHERE state IN ('pending', 'flushing', "
-                        f"'failed') AND seq IN ({marks})",
+                        f"SELECT seq FROM objects WHERE {unflushed} AND seq IN ({marks})",
                         batch,
                     )
                 )
+            spans = conn.execute(
+                f"SELECT fence_seq, seq FROM objects WHERE {unflushed} AND fence_seq < seq"
+            ).fetchall()
+            out.update(s for s in wanted if any(low <= s < high for low, high in spans))
             return out
 
         return await self._read(op)

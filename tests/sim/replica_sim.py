@@ -383,8 +383,9 @@ class ReplicaNode(SimNode):
     ) -> list[int] | None:
         if (owner, datadir_id) != (self.fleet.me.node_id, self.fleet.me.datadir_id):
             return None
-        pending = {r.seq for r in self.disk.pending.values()}
-        return [s for s in seqs if s in pending]
+        # As Journal.unflushed_seqs: pending versions, and those a pending one superseded.
+        spans = [(r.fence_seq, r.seq) for r in self.disk.pending.values()]
+        return [s for s in seqs if any(low <= s <= high for low, high in spans)]
 
     async def api_drain(self, request: DrainRequest) -> DrainAnswer:
         if request.owner is not None:  # a lost writer's replicas held here

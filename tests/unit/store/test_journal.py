@@ -210,3 +210,25 @@ async def test_journal_scan_is_sorted_by_utf8_bytes(journal: Journal) -> None:
     )
     rows = await journal.scan("b", "a/", "a/z", 100)
     assert [r.meta.key for r in rows] == ["a/\u00e9", "a/\U0001f600"]
+
+
+async def test_a_replica_holder_keeps_versions_a_pending_row_superseded(
+    journal: Journal, queue: FlushQueue
+) -> None:
+    """``unflushed_seqs`` (a holder's "which of these do you still need?"): a pending row,
+    and the versions it superseded while they were pending too (the newer row may never
+    have been acknowledged: its replica failed); not a version durable before the next
+    was written, nor anything once the newest is durable."""
+    v1, _ = await journal.commit_put(meta("k"), "b1", 1.0)
+    v2, _ = await journal.commit_put(meta("k", etag="2"), "b2", 2.0)  # supersedes v1 pending
+    other, _ = await journal.commit_put(meta("other"), "b3", 3.0)
+    assert await journal.unflushed_seqs([v1.seq, v2.seq, other.seq]) == {
+        v1.seq,
+        v2.seq,
+        other.seq,
+    }
+    assert await queue.mark_durable(v2)
+    v3, _ = await journal.commit_put(meta("k", etag="3"), "b4", 4.0)  # after a durable one
+    assert await journal.unflushed_seqs([v1.seq, v2.seq, v3.seq]) == {v3.seq}
+    assert await queue.mark_durable(v3)
+    assert await journal.unflushed_seqs([v1.seq, v2.seq, v3.seq, other.seq]) == {other.seq}
