@@ -339,8 +339,9 @@ class Flusher:
 
     async def _flush(self, obj: LocalObject, lane: Lane) -> None:
         """Upload one version and record the outcome. MUST NOT raise (but CancelledError):
-        whatever the row holds, it ends durable, back to pending (transient failure) or
-        failed with its error; never stranded in ``flushing``."""
+        whatever the row holds, it ends durable, back to pending (transient failure),
+        failed with its error, or dropped (a peer's newer version goes instead: ``_drop``,
+        or ``withdraw`` that is dropping it now); never stranded in ``flushing``."""
         try:
             reason = None if obj.is_delete else unsendable(obj.meta)
             if reason is not None:
