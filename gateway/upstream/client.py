@@ -22,7 +22,6 @@ import asyncio
 import base64
 import contextlib
 import email.utils
-import io
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -453,10 +452,9 @@ class AiobotocoreUpstream:
             and direct.takes(meta.bucket)
             and _ascii_metadata(meta)
         ):
-            data = body.read()
             try:
                 return await direct.put_object(
-                    meta.bucket, meta.key, data, _put_headers(meta, condition)
+                    meta.bucket, meta.key, body, meta.size_bytes, _put_headers(meta, condition)
                 )
             except DirectRefused as refused:
                 log.warning(
@@ -465,7 +463,7 @@ class AiobotocoreUpstream:
                     refused,
                 )
                 direct.refused.add(meta.bucket)
-                body = io.BytesIO(data)
+                body.seek(0)
             except Exception as exc:  # classified as botocore's own failures are
                 raise _conditional(exc, condition) from exc
         raw = _RAW_HEADERS.set(_raw_headers(meta))

@@ -27,11 +27,13 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import quote, urlsplit
 
 import aiohttp
 import xmltodict
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.payload import Payload
 from botocore.exceptions import ClientError
 from yarl import URL
 
@@ -127,9 +129,10 @@ class DirectPut:
             self.refused.add(bucket)
 
     async def put_object(
-        self, bucket: str, key: str, body: bytes, headers: Mapping[str, str]
+        self, bucket: str, key: str, body: BinaryIO, size_bytes: int, headers: Mapping[str, str]
     ) -> str:
-        """PUT ``body`` with ``headers`` (lower-case names: content-md5, content-type,
+        """PUT the ``size_bytes`` of ``body`` (a seekable file, read from its start when the
+        request is sent) with ``headers`` (lower-case names: content-md5, content-type,
         metadata, checksums, conditions); the ETag the bucket returned. Raises botocore's
         ``ClientError`` for the plain failures, aiohttp's errors for a failed connection,
         and ``DirectRefused`` for the rest."""
@@ -138,12 +141,12 @@ class DirectPut:
         if creds is None:
             raise DirectRefused("no credentials")
         amz_date = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path, signed = sign_put(target, key, len(body), headers, creds, amz_date)
+        path, signed = sign_put(target, key, size_bytes, headers, creds, amz_date)
         signed["user-agent"] = self._user_agent  # not signed, as botocore leaves it out
         try:
             async with self._session.put(
                 URL(target.origin + path, encoded=True),
-                data=body,
+                data=_SentBody(body, size_bytes),
                 headers=signed,
                 proxy=target.proxy,
             ) as resp:
@@ -157,6 +160,24 @@ class DirectPut:
         if resp.status in _PLAIN_FAILURES or resp.status >= 500:
             raise ClientError(_error_response(resp.status, resp.headers, payload), "PutObject")
         raise DirectRefused(f"HTTP {resp.status} {_error_code(payload)}".strip())
+
+
+class _SentBody(Payload):
+    """A small body read from its file only as the request is sent, once the connection
+    is up (what is read of a flusher's body counts as progress: a refused connection must
+    not look like bytes moving), and from the start each time (aiohttp sends a request
+    again over a fresh connection when a kept-alive one turns out closed)."""
+
+    def __init__(self, body: BinaryIO, size_bytes: int) -> None:
+        super().__init__(body, content_type=None)
+        self._size = size_bytes
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        self._value.seek(0)
+        await writer.write(self._value.read(self._size))
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        raise TypeError("a request body, sent as bytes")
 
 
 def sign_put(

@@ -55,9 +55,9 @@ def _count_direct(up: AiobotocoreUpstream) -> list[str]:
     sent: list[str] = []
     put = direct.put_object
 
-    async def counting(bucket: str, key: str, body: bytes, headers: Any) -> str:
+    async def counting(bucket: str, key: str, body: Any, size_bytes: int, headers: Any) -> str:
         sent.append(key)
-        return await put(bucket, key, body, headers)
+        return await put(bucket, key, body, size_bytes, headers)
 
     direct.put_object = counting  # type: ignore[method-assign]
     return sent

@@ -181,9 +181,22 @@ async def test_a_refused_connection_is_retryable(
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     up._direct._targets["b"] = replace(up._direct._targets["b"], origin=dead)
+    body = _ReadLog(b"x")
     with pytest.raises(Retryable):
-        await up.put_object(_META, io.BytesIO(b"x"))
+        await up.put_object(_META, body)
     assert up._direct.takes("b")
+    # Never read: the flusher counts what is read of a body as bytes moving upstream.
+    assert body.reads == 0
+
+
+class _ReadLog(io.BytesIO):
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.reads = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        self.reads += 1
+        return super().read(size)
 
 
 def test_the_proxy_is_the_environments_unless_no_proxy_exempts_the_host(
