@@ -39,6 +39,7 @@ from gateway.fleet.client import (
     REPLICA_HEADER,
     encode_head,
 )
+from gateway.fleet.ordering import held_answer
 from gateway.fleet.transport import PeerHead
 from gateway.fleet.wire import (
     PATH_PREFIX,
@@ -166,10 +167,10 @@ async def _superseded(
     row = await side.journal.get(version.bucket, version.key)
     if row is None or side.withdraw is None:
         return SupersedeAnswer()
-    if (row.acked_s, side.fleet.me.node_id) > (version.acked_s, ask.node):
-        return SupersedeAnswer(newer=row.state is FlushState.DURABLE)
-    if row.state is FlushState.DURABLE:  # went up before the peer's: the peer's goes over it
-        return SupersedeAnswer()
+    is_durable = row.state is FlushState.DURABLE
+    answer = held_answer(row.acked_s, side.fleet.me.node_id, is_durable, ask.node, version)
+    if answer is not None:
+        return answer
     return SupersedeAnswer(busy=not await side.withdraw(row, ask.wait_s))
 
 

@@ -114,12 +114,6 @@ def key_prefix(control_prefix: str, key: str) -> str:
     return f"{control_prefix}claims/{digest}/"
 
 
-def _parse(bucket: str, key: str, name: str) -> Version | None:
-    """The version a claim object's name (below its key prefix) stands for."""
-    parsed = _parse_name(bucket, key, name)
-    return None if parsed is None else parsed[0]
-
-
 def _parse_name(bucket: str, key: str, name: str) -> tuple[Version, str] | None:
     """(version, suffix: an epoch or ``done``) of a claim object's name."""
     try:
@@ -188,6 +182,12 @@ class Claims:
         """Record that ``v`` is uploaded (idempotent)."""
         await self._bucket.put_if_absent(v.bucket, self._key(v, "done"), b"{}")
 
+    async def look(self, v: Version) -> tuple[bool, set[Version]]:
+        """One listing of the claims of ``v``'s key: whether a newer version is on its way
+        (``newer_on_its_way``), and every version claimed (``claimed``)."""
+        names = await self._names(v)
+        return await self._on_its_way(v, names), set(names)
+
     async def newer_on_its_way(self, v: Version) -> bool:
         """Whether a version of ``v``'s key newer than ``v`` is in the bucket or on its way
         there: marked done, or claimed (its latest epoch) by a claimant that is not lost.
@@ -195,24 +195,32 @@ class Claims:
         whose version may never have been acknowledged, so nobody holds a replica of it)
         is neither: ``v`` goes up (guarded), and that version follows if a member still
         holds it and takes it over."""
+        return await self._on_its_way(v, await self._names(v))
+
+    async def claimed(self, v: Version) -> set[Version]:
+        """Every version of ``v``'s key claimed so far, by any writer or taker-over."""
+        return set(await self._names(v))
+
+    async def _names(self, v: Version) -> dict[Version, set[str]]:
+        """The versions claimed of ``v``'s key, each with its claims' suffixes (epochs and
+        ``done``)."""
         prefix = key_prefix(self._prefix, v.key)
-        suffixes: dict[Version, set[str]] = {}
+        found: dict[Version, set[str]] = {}
         for name in await self._bucket.list_keys(v.bucket, prefix):
             parsed = _parse_name(v.bucket, v.key, name[len(prefix) :])
-            if parsed is not None and parsed[0].is_newer_than(v):
-                suffixes.setdefault(parsed[0], set()).add(parsed[1])
-        for other, names in suffixes.items():
-            if "done" in names:
+            if parsed is not None:
+                found.setdefault(parsed[0], set()).add(parsed[1])
+        return found
+
+    async def _on_its_way(self, v: Version, names: dict[Version, set[str]]) -> bool:
+        for other, suffixes in names.items():
+            if not other.is_newer_than(v):
+                continue
+            if "done" in suffixes:
                 return True
-            holder = await self._claimant(other, max(int(n) for n in names))
+            holder = await self._claimant(other, max(int(n) for n in suffixes))
             if holder is not None and not self._is_lost(
                 holder.node_id, holder.datadir_id, holder.started_s
             ):
                 return True
         return False
-
-    async def claimed(self, v: Version) -> set[Version]:
-        """Every version of ``v``'s key claimed so far, by any writer or taker-over."""
-        prefix = key_prefix(self._prefix, v.key)
-        names = await self._bucket.list_keys(v.bucket, prefix)
-        return {p for n in names if (p := _parse(v.bucket, v.key, n[len(prefix) :])) is not None}

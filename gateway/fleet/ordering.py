@@ -39,6 +39,20 @@ _BATCH_S = 0.002  # versions told to one peer together: what arrives within this
 _Waiter = tuple[Superseding, "asyncio.Future[SupersedeAnswer]"]
 
 
+def held_answer(
+    acked_s: float, node_id: str, is_durable: bool, asker: str, version: Superseding
+) -> SupersedeAnswer | None:
+    """The answer of a peer holding a version of the key (acknowledged at ``acked_s`` by
+    itself, ``node_id``; ``is_durable`` upstream) to ``asker`` about to upload ``version``;
+    None: the peer's version is older and unflushed, and must be withdrawn. Versions are
+    ordered as reads order them: acknowledgement, then node id."""
+    if (acked_s, node_id) > (version.acked_s, asker):
+        return SupersedeAnswer(newer=is_durable)
+    if is_durable:  # went up before the asker's: the asker's goes over it
+        return SupersedeAnswer()
+    return None
+
+
 class UploadOrder:
     """The flusher's side (``view.UploadOrder``): ``before_upload`` for every version.
     Loop-bound."""

@@ -327,12 +327,12 @@ class Takeover:
             state = await self._upstream.state_of(meta.bucket, meta.key)
             if state is not None and state[0] == meta.etag and not replica.is_delete:
                 return  # already there (its writer uploaded it before it was lost)
-            if await self._claims.newer_on_its_way(version):
+            newer_on_its_way, claimed = await self._claims.look(version)
+            if newer_on_its_way:
                 log.info(
                     "%s/%s: a newer version is on its way; not taken over", meta.bucket, meta.key
                 )
                 return
-            claimed = await self._claims.claimed(version)
             # Written by something that does not claim (not a gateway with replicas on):
             # ordered by the bucket's clock against the acknowledgement.
             foreign = state is not None and state[0] not in {c.etag for c in claimed}

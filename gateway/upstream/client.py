@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 
 import aiohttp
 from aiobotocore.config import AioConfig
+from aiobotocore.credentials import AioCredentials
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.httpsession import get_cert_path
@@ -346,10 +347,13 @@ class AiobotocoreUpstream:
         kwargs: dict[str, Any] = {}
         if self._keys[0] is not None:
             kwargs = {"aws_access_key_id": self._keys[0], "aws_secret_access_key": self._keys[1]}
-        elif await session.get_credentials() is None:
+            credentials = AioCredentials(self._keys[0], self._keys[1] or "")
+        else:
             # The chain the client itself resolves (the session caches the result); an
             # instance role or IRSA resolves here without a request to STS.
-            raise NoUpstreamCredentials()
+            credentials = await session.get_credentials()
+            if credentials is None:
+                raise NoUpstreamCredentials()
         self._client = await self._stack.enter_async_context(
             session.create_client(
                 "s3",
@@ -363,24 +367,16 @@ class AiobotocoreUpstream:
         for operation in ("PutObject", "CreateMultipartUpload"):
             self._client.meta.events.register(f"before-call.s3.{operation}", _add_raw_headers)
         if self._direct_put_max_bytes > 0:
-            self._direct = self._direct_put(session)
+            self._direct = self._direct_put(session, credentials)
             self._stack.push_async_callback(self._direct.close)
 
-    def _direct_put(self, session: Any) -> DirectPut:
+    def _direct_put(self, session: Any, credentials: Any) -> DirectPut:
         """Small PutObjects past botocore's pipeline (``direct.py``), with the client's
-        credentials, User-Agent, pool size, timeouts and CA bundle."""
-        keys = self._keys
-        static = None if keys[0] is None else _StaticCredentials(keys[0], keys[1] or "")
-
-        async def credentials() -> Any:
-            if static is not None:
-                return static
-            creds = await session.get_credentials()
-            return None if creds is None else await creds.get_frozen_credentials()
-
+        credentials (frozen for each request: refreshed as the client's are), User-Agent,
+        pool size, timeouts and CA bundle."""
         self._client.meta.events.register("before-sign.s3.PutObject", self._learn_target)
         return DirectPut(
-            credentials,
+            credentials.get_frozen_credentials,
             user_agent=_user_agent(session),
             max_connections=self._max_connections,
             connect_timeout_s=float(self._config.connect_timeout),
@@ -832,10 +828,18 @@ def _object_params(meta: ObjectMeta) -> dict[str, Any]:
         "ContentType": meta.content_type,
         "Metadata": dict(meta.user_metadata),
     }
-    for name, param in _HEADER_PARAMS.items():
-        if name in meta.headers and name not in _RAW_HEADER_NAMES:
-            params[param] = meta.headers[name]
+    params.update((_HEADER_PARAMS[name], value) for name, value in _param_headers(meta))
     return params
+
+
+def _param_headers(meta: ObjectMeta) -> list[tuple[str, str]]:
+    """The stored system headers sent through a botocore parameter (``_HEADER_PARAMS``;
+    the raw ones, ``_raw_headers``, are not)."""
+    return [
+        (name, meta.headers[name])
+        for name in _HEADER_PARAMS
+        if name in meta.headers and name not in _RAW_HEADER_NAMES
+    ]
 
 
 def _raw_headers(meta: ObjectMeta) -> tuple[tuple[str, str], ...]:
@@ -885,11 +889,7 @@ def _put_headers(meta: ObjectMeta, condition: Condition | None) -> dict[str, str
     ``_raw_headers``, ``_checksum_params``, ``condition``), lower case, for ``direct.py``."""
     headers = {"content-md5": _b64_md5(meta.etag), "content-type": meta.content_type}
     headers.update((f"x-amz-meta-{name}", value) for name, value in meta.user_metadata.items())
-    headers.update(
-        (name, meta.headers[name])
-        for name in _HEADER_PARAMS
-        if name in meta.headers and name not in _RAW_HEADER_NAMES
-    )
+    headers.update(_param_headers(meta))
     headers.update((name.lower(), value) for name, value in _raw_headers(meta))
     for param, value in _checksum_params(meta).items():
         headers[f"x-amz-checksum-{param.removeprefix('Checksum').lower()}"] = value
@@ -898,7 +898,7 @@ def _put_headers(meta: ObjectMeta, condition: Condition | None) -> dict[str, str
     return headers
 
 
-_CONDITION_HEADERS = {"IfMatch": "if-match", "IfNoneMatch": "if-none-match"}
+_CONDITION_HEADERS = {param: header.lower() for header, param in _CONDITION_PARAMS.items()}
 
 
 def _ascii_metadata(meta: ObjectMeta) -> bool:
@@ -906,13 +906,6 @@ def _ascii_metadata(meta: ObjectMeta) -> bool:
     such values RFC 2047-encoded, so only an old or damaged row has one): such a row goes
     through botocore, to be refused exactly as it always was."""
     return all(k.isascii() and v.isascii() for k, v in meta.user_metadata.items())
-
-
-@dataclass(frozen=True, slots=True)
-class _StaticCredentials:
-    access_key: str
-    secret_key: str
-    token: str | None = None
 
 
 Condition = dict[str, str]

@@ -49,7 +49,7 @@ from gateway.sigv4 import (
 )
 
 log = logging.getLogger(__name__)
-_SIGNATURES = frozenset({"s3v4", "v4"})  # botocore's names of what _sign computes
+_SIGNATURES = frozenset({"s3v4", "v4"})  # botocore's names of what sign_put computes
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Answers the caller classifies from the status and code alone, as botocore's ClientError.
 _PLAIN_FAILURES = frozenset({409, 412, 429})
@@ -86,7 +86,7 @@ class DirectPut:
 
     def __init__(
         self,
-        credentials: Callable[[], Awaitable[Credentials | None]],
+        credentials: Callable[[], Awaitable[Credentials]],
         *,
         user_agent: str,
         max_connections: int,
@@ -138,8 +138,6 @@ class DirectPut:
         and ``DirectRefused`` for the rest."""
         target = self._targets[bucket]
         creds = await self._credentials()
-        if creds is None:
-            raise DirectRefused("no credentials")
         amz_date = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         path, signed = sign_put(target, key, size_bytes, headers, creds, amz_date)
         signed["user-agent"] = self._user_agent  # not signed, as botocore leaves it out

@@ -36,6 +36,7 @@ from gateway.core.peers import newest_source
 from gateway.fleet.fence import parent_prefix
 from gateway.fleet.membership import StaticPeers
 from gateway.fleet.node import Fleet, FleetConfig
+from gateway.fleet.ordering import held_answer
 from gateway.fleet.transport import PeerError, PeerHead, PeerRead, PeerUnavailable
 from gateway.fleet.wire import (
     DirChange,
@@ -493,10 +494,10 @@ class SimNode:
         row = self.disk.rows.get(version.key)
         if row is None:
             return SupersedeAnswer()
-        if (row.acked_s, self.name) > (version.acked_s, request.node):
-            return SupersedeAnswer(newer=row.state == "durable")
-        if row.state == "durable":
-            return SupersedeAnswer()
+        is_durable = row.state == "durable"
+        answer = held_answer(row.acked_s, self.name, is_durable, request.node, version)
+        if answer is not None:
+            return answer
         self.withdrawn.add(row.seq)
         try:
             deadline_s = asyncio.get_running_loop().time() + request.wait_s
