@@ -29,6 +29,7 @@ from gateway.store.journal import Journal
 from gateway.store.queue import FlushQueue
 from gateway.upstream.classify import Fatal
 from gateway.upstream.client import (
+    AiobotocoreUpstream,
     PartSource,
     RequestRunner,
     UploadTracker,
@@ -503,3 +504,16 @@ async def source_bytes(source: BodySource) -> bytes:
     finally:
         await source.aclose()
     return bytes(out)
+
+
+def path_style_upstream(
+    url: str, region: str = "us-east-1", access_key: str = "k", secret_key: str = "s"
+) -> AiobotocoreUpstream:
+    """The real upstream client for a test server at ``url`` (path-style addressing)."""
+    return AiobotocoreUpstream(
+        endpoint_url=url,
+        region=region,
+        addressing_style="path",
+        access_key=access_key,
+        secret_key=secret_key,
+    )

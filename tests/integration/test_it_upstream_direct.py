@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from fakes import path_style_upstream
 from harness import GatewayProcess
 
 from gateway.checksums import b64, new_hasher
@@ -33,12 +34,8 @@ KEYS = [
 @pytest.fixture
 async def client(gateway: GatewayProcess) -> AsyncIterator[AiobotocoreUpstream]:
     """The upstream client, pointed at the verifying gateway; counts its direct PUTs."""
-    up = AiobotocoreUpstream(
-        endpoint_url=gateway.endpoint,
-        region=gateway.region,
-        addressing_style="path",
-        access_key=gateway.access_key,
-        secret_key=gateway.secret_key,
+    up = path_style_upstream(
+        gateway.endpoint, gateway.region, gateway.access_key, gateway.secret_key
     )
     await up.start()
     yield up
@@ -167,12 +164,11 @@ async def test_over_https_the_direct_path_trusts_what_botocore_trusts(
     """An https upstream whose certificate only ``AWS_CA_BUNDLE`` vouches for (as with a
     private S3 endpoint): the direct PUTs verify it as botocore does, and land."""
     monkeypatch.setenv("AWS_CA_BUNDLE", tls_ca.ca_path)
-    client = AiobotocoreUpstream(
-        endpoint_url=f"https://127.0.0.1:{tls_gateway.port}",
-        region=tls_gateway.region,
-        addressing_style="path",
-        access_key=tls_gateway.access_key,
-        secret_key=tls_gateway.secret_key,
+    client = path_style_upstream(
+        f"https://127.0.0.1:{tls_gateway.port}",
+        tls_gateway.region,
+        tls_gateway.access_key,
+        tls_gateway.secret_key,
     )
     await client.start()
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import path_style_upstream
 from harness import start_moto
 
 from gateway.models import ObjectMeta
@@ -46,13 +47,7 @@ def moto_url() -> Iterator[str]:
 
 @pytest.fixture
 async def upstream(moto_url: str) -> AsyncIterator[tuple[AiobotocoreUpstream, list[Any]]]:
-    up = AiobotocoreUpstream(
-        endpoint_url=moto_url,
-        region="us-east-1",
-        addressing_style="path",
-        access_key="k",
-        secret_key="s",
-    )
+    up = path_style_upstream(moto_url)
     await up.start()
     sent: list[Any] = []
     up._client.meta.events.register(

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from fakes import path_style_upstream
 from harness import start_moto
 
 from gateway.models import ObjectMeta
@@ -36,13 +37,7 @@ def moto_url() -> Iterator[str]:
 
 @pytest.fixture
 async def up(moto_url: str) -> AsyncIterator[AiobotocoreUpstream]:
-    client = AiobotocoreUpstream(
-        endpoint_url=moto_url,
-        region="us-east-1",
-        addressing_style="path",
-        access_key="k",
-        secret_key="s",
-    )
+    client = path_style_upstream(moto_url)
     await client.start()
     with contextlib.suppress(Exception):  # made by an earlier test of the module
         await client.create_bucket(BUCKET, None)

@@ -16,6 +16,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.utils import percent_encode
+from fakes import path_style_upstream
 
 from gateway.models import ObjectMeta
 from gateway.upstream.classify import ConditionFailed, Fatal, Retryable, Throttled
@@ -125,13 +126,7 @@ async def learnt(
     """An upstream client of the scripted server whose first PutObject (botocore's) has
     taught the direct path bucket ``b``'s URL."""
     url, script = scripted
-    up = AiobotocoreUpstream(
-        endpoint_url=url,
-        region="us-east-1",
-        addressing_style="path",
-        access_key="k",
-        secret_key="s",
-    )
+    up = path_style_upstream(url)
     await up.start()
     try:
         await up.put_object(_META, io.BytesIO(b"x"))
