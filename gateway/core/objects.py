@@ -31,7 +31,13 @@ from gateway.core.heads import ObjectBody, ObjectHead, ReadOptions
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.integrity import MEMO_ENTRIES, BlobVerifier, blob_checks
 from gateway.core.ranges import ByteRange, parse_content_range, part_range, resolve_range
-from gateway.core.writes import TeeBody, commit_replicas, fleet_writing, replicas_aborted
+from gateway.core.writes import (
+    EarlyCommit,
+    TeeBody,
+    commit_replicas,
+    fleet_writing,
+    replicas_aborted,
+)
 from gateway.errors import InternalError, InvalidRange, NoSuchKey, NotModified
 from gateway.fleet.view import FleetView, Holder, PeerError, PeerHead, ReplicaWriter
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
@@ -133,15 +139,33 @@ class ObjectService:
                 headers=req.headers,
                 checksums=checksums,
             )
-            row, superseded = await self._journal.commit_put(
-                meta, blob.blob_id, self._clock.wall(), check, crc32c=blob.crc32c, body=blob.body
-            )
+            acked_s = self._clock.wall()
+            early = None
+            if replica is not None:  # acknowledged once committed on the holders too
+                # A conditional write's check may refuse it inside the commit: its holders
+                # hear of it only after.
+                reserved = self._journal.is_reserved if check is None else _never
+                early = EarlyCommit(replica, holders, reserved, meta, acked_s)
+            try:
+                row, superseded = await self._journal.commit_put(
+                    meta,
+                    blob.blob_id,
+                    acked_s,
+                    check,
+                    crc32c=blob.crc32c,
+                    body=blob.body,
+                    on_seq=early.on_seq if early else None,
+                )
+            except Exception:  # not committed here (a cancelled caller's commit still is)
+                if early is not None:
+                    await early.failed()
+                raise
         except BaseException:
             await asyncio.shield(self._blobs.discard(blob.blob_ids))
             raise
         await self._blobs.discard(superseded)
-        if replica is not None:  # committed here; acknowledged once committed there too
-            await commit_replicas(replica, holders, row, stage_ids=[replica.stage_id])
+        if early is not None:
+            await early.committed(row)
         return meta
 
     async def write_guard(self, bucket: str, key: str, cond: Preconditions) -> RowCheck | None:
@@ -499,3 +523,7 @@ def _condition_headers(cond: Preconditions) -> dict[str, str]:
 async def _one_piece(data: bytes) -> AsyncIterator[bytes]:
     if data:
         yield data
+
+
+def _never(seq: int) -> bool:
+    return False

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 
 from gateway import metrics
 from gateway.fleet.view import FleetView, Holder, ReplicaWriter
-from gateway.models import LocalObject, RequestBody
+from gateway.models import LocalObject, ObjectMeta, RequestBody
 from gateway.store.blobs import BlobStore
 
 
@@ -120,6 +120,67 @@ async def commit_replicas(
         resend=resend,
     )
     metrics.REPLICA_LAG_S.observe(time.monotonic() - started_s)
+
+
+class EarlyCommit:
+    """A PutObject's commit on its holders, sent beside its own journal commit instead of
+    after it: the ack then waits for the slower of the two, not for both in a row.
+
+    The holders' commit names the version's seq, which the journal hands out as it queues
+    the commit (``on_seq``). Only a seq under the journal's durable ceiling may be named
+    before it commits (a restart never hands it out again); above it (a moment after a
+    start) the commit goes after the local one, as for every other write. The holders keep
+    an early version beside the older ones it would supersede (it may never commit here);
+    if the local commit fails, ``failed`` withdraws it from them."""
+
+    def __init__(
+        self,
+        replica: ReplicaWriter,
+        holders: Sequence[Holder],
+        is_reserved: Callable[[int], bool],
+        meta: ObjectMeta,
+        acked_s: float,
+    ) -> None:
+        self._replica = replica
+        self._holders = holders
+        self._is_reserved = is_reserved
+        self._meta = meta
+        self._acked_s = acked_s
+        self._seq: int | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def on_seq(self, seq: int) -> None:
+        """The journal queued the local commit as ``seq``: send the holders' now."""
+        if self._is_reserved(seq):
+            self._seq = seq
+            self._task = asyncio.ensure_future(self._commit(seq, is_early=True))
+
+    async def committed(self, row: LocalObject) -> None:
+        """The local commit succeeded: the holders' commit, awaited or sent now."""
+        if self._task is not None:
+            await self._task
+        else:
+            await self._commit(row.seq, is_early=False)
+
+    async def failed(self) -> None:
+        """The local commit failed: withdraw an early version from the holders."""
+        if self._task is None or self._seq is None:
+            return
+        with contextlib.suppress(Exception):
+            await self._task
+        await self._replica.withdraw(self._seq)
+
+    async def _commit(self, seq: int, *, is_early: bool) -> None:
+        started_s = time.monotonic()
+        await self._replica.commit(
+            self._holders,
+            seq,
+            self._meta,
+            self._acked_s,
+            stage_ids=[self._replica.stage_id],
+            is_early=is_early,
+        )
+        metrics.REPLICA_LAG_S.observe(time.monotonic() - started_s)
 
 
 async def replicate_local(replica: ReplicaWriter, row: LocalObject, blobs: BlobStore) -> None:

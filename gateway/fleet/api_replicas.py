@@ -147,6 +147,7 @@ async def _commit(side: PeerSide, commit: ReplicaCommit) -> dict[str, list[str]]
         commit.acked_s,
         expected,
         None if commit.body is None else (commit.body, side.clock.wall()),
+        is_early=commit.is_early,
     )
     await held.blobs.discard(superseded)
     return {"missing": missing}

@@ -264,10 +264,12 @@ class ReplicaWrite:
         stage_ids: Sequence[str] = (),
         parts: Sequence[tuple[int, str]] = (),
         resend: Callable[[str], AsyncIterator[bytes]] | None = None,
+        is_early: bool = False,
     ) -> int:
         """Commit the version on ``holders``; returns on how many it is committed. A holder
         missing a body gets it again from ``resend(stage_id)`` (a part of a multipart upload
-        it did not stage), then the commit once more."""
+        it did not stage), then the commit once more. ``is_early``: sent beside this
+        node's own commit of ``seq`` (``withdraw`` it if that fails)."""
         me = self._replication.me
         doc = ReplicaCommit(
             me.node_id,
@@ -279,12 +281,27 @@ class ReplicaWrite:
             tuple(parts),
             acked_s,
             self._small_body if list(stage_ids) == [self.stage_id] else None,
+            is_early,
         )
         chosen = [m for m in self.holders if m.node_id in {h.node_id for h in holders}]
         results = await asyncio.gather(*(self._commit_one(m, doc, resend) for m in chosen))
         copies = sum(results)
         self._replication._enough(copies, f"{meta.bucket}/{meta.key}")
         return copies
+
+    async def withdraw(self, seq: int) -> None:
+        """This node's own commit of ``seq`` failed after an early commit on the holders:
+        they drop it (best effort: a holder that cannot be told drops it when it next asks
+        whether its versions are still needed)."""
+        me = self._replication.me
+        transport = self._replication.transport
+        for member in self.holders:
+            try:
+                await transport.replica_drop(
+                    member.address, me.node_id, me.datadir_id, [seq], _COMMIT_TIMEOUT_S
+                )
+            except PeerUnavailable as exc:
+                log.warning("withdrawing %s/%s from %s: %s", self.bucket, self.key, member, exc)
 
     async def _commit_one(
         self,

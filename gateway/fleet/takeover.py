@@ -29,7 +29,7 @@ from gateway.fleet.transport import PeerTransport, PeerUnavailable
 from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest, NodeInfo
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore, close_bodies, open_bodies
-from gateway.store.replicas import Replica, ReplicaStore
+from gateway.store.replicas import Replica, ReplicaStore, newest_of_each_key
 from gateway.upstream.classify import ConditionFailed, FlushError
 from gateway.upstream.client import AiobotocoreUpstream, PartSource, unchanged_since
 
@@ -188,6 +188,7 @@ class Takeover:
             ]
         else:
             held = await self._store.of_owner(ask.owner, ask.owner_datadir)
+        held = newest_of_each_key(held)[0]  # the older ones are never uploaded
         left = [
             r
             for r in held
@@ -266,7 +267,12 @@ class Takeover:
                 await self._take_one(replica)
 
     async def _take_over(self, owner: str, datadir: str) -> None:
-        for replica in await self._store.of_owner(owner, datadir):
+        newest, older = newest_of_each_key(await self._store.of_owner(owner, datadir))
+        if older:  # kept beside early versions (the newest is here, and goes up)
+            await self._blobs.discard(
+                await self._store.drop(owner, datadir, [r.seq for r in older])
+            )
+        for replica in newest:
             if replica.is_uploaded:
                 continue
             if self._config.is_marker(replica.meta.key) and self._wait_drained is not None:

@@ -48,7 +48,9 @@ class ReplicaWriter(Protocol):
     """One write's replicas (``--replicas``): the body through ``tee``, then ``staged``
     (which holders have it; strict policy: SlowDown when too few, before anything is
     committed here), then, after the local commit, ``commit`` (SlowDown when too few
-    committed under the strict policy; the write then stays here, unacknowledged)."""
+    committed under the strict policy; the write then stays here, unacknowledged). A
+    PutObject may ``commit(is_early=True)`` beside its local commit instead, and
+    ``withdraw`` the version if the local commit fails (core/writes.py, ``EarlyCommit``)."""
 
     @property
     def stage_id(self) -> str: ...
@@ -76,7 +78,10 @@ class ReplicaWriter(Protocol):
         stage_ids: Sequence[str] = (),
         parts: Sequence[tuple[int, str]] = (),
         resend: Callable[[str], AsyncIterator[bytes]] | None = None,
+        is_early: bool = False,
     ) -> int: ...
+
+    async def withdraw(self, seq: int) -> None: ...
 
 
 class FleetView(Protocol):

@@ -427,7 +427,8 @@ class ReplicaCommit:
     """The writer commits a version on a holder: its identity (writer, data dir, seq), its
     metadata, and the staged bodies it is made of (in part order; none for a delete). A
     small single body may come with it (``body``, staged by the same commit: one request,
-    one fsync on the holder)."""
+    one fsync on the holder). ``is_early``: sent beside the writer's own journal commit,
+    which may still fail (a PutObject's: docs/fleet.md, "Node loss")."""
 
     owner: str
     datadir_id: str
@@ -438,6 +439,7 @@ class ReplicaCommit:
     parts: tuple[tuple[int, str], ...]  # (size, etag) of each part of a multipart object
     acked_s: float
     body: bytes | None = None
+    is_early: bool = False  # sent beside the writer's own commit (store/replicas.py)
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -452,6 +454,8 @@ class ReplicaCommit:
         }
         if self.body is not None:
             doc["body"] = base64.b64encode(self.body).decode("ascii")
+        if self.is_early:
+            doc["is_early"] = True
         return doc
 
     @classmethod
@@ -479,6 +483,7 @@ class ReplicaCommit:
             tuple((int(a), str(b)) for a, b in parts),
             _number(doc, "acked_s"),
             _body(doc, len(ids)),
+            _field(doc, "is_early", bool) if "is_early" in doc else False,
         )
 
 

@@ -33,12 +33,18 @@ from gateway.store.tables import (
     count_unflushed,
     ensure_schema,
     load_figures,
+    read_seq_ceiling,
     referenced_blobs,
     unflushed_images,
+    write_seq_ceiling,
 )
 
 T = TypeVar("T")
 _WRITER_CHECKPOINT_PAGES = 4096  # 16 MiB of WAL at 4 KiB pages
+# Sequence numbers are reserved durably in blocks (``seq_ceiling``): a number at or below
+# the durable ceiling may be named to a replica holder before its own row commits, since
+# no later start hands it out again (a start begins above the ceiling).
+SEQ_BLOCK = 1_000_000
 
 
 class FenceCounter(Protocol):
@@ -82,7 +88,9 @@ class JournalEngine:
         self._local = threading.local()
         self._writer: GroupWriter | None = None
         self._checkpointer: Checkpointer | None = None
-        self._next_seq = 1
+        self._next_seq = 1  # the next version's seq: handed out on the loop, in submit order
+        self._durable_ceiling = 0  # no seq above it was ever named outside this journal
+        self._raising_ceiling = False
         self._consumers: list[ChangeConsumer] = []
         self._listeners: list[Callable[[], None]] = []  # called after each applied group
         self._log: list[Change] | None = None  # the running write op's changes (writer thread)
@@ -97,10 +105,11 @@ class JournalEngine:
         ensure_schema(conn)
         # Recovery: uploads in flight when the process died never completed as far as we know.
         conn.execute("UPDATE objects SET state = 'pending' WHERE state = 'flushing'")
-        row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM objects").fetchone()
-        self._next_seq = int(row[0]) + 1
+        newest = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM objects").fetchone()[0])
+        self._next_seq = max(newest, read_seq_ceiling(conn)) + 1
+        self._durable_ceiling = write_seq_ceiling(conn, self._next_seq - 1 + SEQ_BLOCK)
         load_figures(conn, self.figures)
-        self.figures.last_seq = self._next_seq - 1
+        self.figures.last_seq = newest
         blobs = referenced_blobs(conn)
         # Checkpoints happen in the background (checkpoint.py). The writer's own automatic
         # checkpoint stays only as a backstop, far later than SQLite's default (1000 pages):
@@ -185,6 +194,49 @@ class JournalEngine:
     async def run_write(self, op: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``op`` in the group-commit writer (for store-internal collaborators)."""
         return await self._write(op)
+
+    async def run_write_versions(
+        self,
+        count: int,
+        op: Callable[[sqlite3.Connection, int], T],
+        on_seq: Callable[[int], None] | None = None,
+    ) -> T:
+        """Run ``op(conn, first_seq)``, an op that writes up to ``count`` versions, as
+        ``first_seq``, ``first_seq + 1``...: numbers handed out here, on the loop, in the
+        order ops are submitted, which is the order they commit in. ``on_seq(first_seq)``
+        runs before the op is queued (a replicated write names its seq to its holders)."""
+        first = self._next_seq
+        self._next_seq += count
+        self._keep_ceiling_ahead()
+        if on_seq is not None:
+            on_seq(first)
+        return await self._write(lambda conn: op(conn, first))
+
+    def is_reserved(self, seq: int) -> bool:
+        """Whether ``seq`` is under the durable ceiling: safe to name before it commits."""
+        return seq <= self._durable_ceiling
+
+    def _keep_ceiling_ahead(self) -> None:
+        """Raise the durable ceiling half a block before the numbers reach it (one small
+        op in the next group commit)."""
+        if self._raising_ceiling or self._durable_ceiling - self._next_seq > SEQ_BLOCK // 2:
+            return
+        assert self._writer is not None, "journal is not open"
+        self._raising_ceiling = True
+        target = self._next_seq + SEQ_BLOCK
+
+        def raised(ceiling: int) -> None:
+            self._durable_ceiling = max(self._durable_ceiling, ceiling)
+            self._raising_ceiling = False
+
+        fut = self._writer.submit(lambda conn: write_seq_ceiling(conn, target), raised)
+        fut.add_done_callback(self._ceiling_attempted)
+
+    def _ceiling_attempted(self, fut: asyncio.Future[int]) -> None:
+        """A raise that did not commit (disk trouble) is tried again at the next write;
+        meanwhile numbers above the ceiling are never named before they commit."""
+        if fut.cancelled() or fut.exception() is not None:
+            self._raising_ceiling = False
 
     async def run_read(self, op: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``op`` on a lookup connection (quick point reads only)."""

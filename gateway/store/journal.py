@@ -75,9 +75,11 @@ class Journal(JournalEngine):
         *,
         crc32c: int | None = None,
         body: bytes | None = None,
+        on_seq: Callable[[int], None] | None = None,
     ) -> tuple[LocalObject, list[str]]:
         """Make ``meta`` (body in ``blob_id``, or ``body`` itself, inline) the newest version
-        of its key, state pending. ``crc32c`` is the body's, from ingest.
+        of its key, state pending. ``crc32c`` is the body's, from ingest. ``on_seq`` gets
+        the version's seq before the commit is queued (``run_write_versions``).
 
         ``check``, if given, sees the key's current row (None if there is none) inside the
         same transaction and may raise to refuse the write (conditional writes): no other
@@ -85,12 +87,14 @@ class Journal(JournalEngine):
         Returns the new row and the superseded blob ids (to unlink after this returns).
         """
 
-        def op(conn: sqlite3.Connection) -> tuple[LocalObject, list[str]]:
+        def op(conn: sqlite3.Connection, seq: int) -> tuple[LocalObject, list[str]]:
             if check is not None:
                 check(self.current(conn, meta.bucket, meta.key))
-            return self.upsert(conn, meta, blob_id, (), False, acked_s, crc32c=crc32c, body=body)
+            return self.upsert(
+                conn, seq, meta, blob_id, (), False, acked_s, crc32c=crc32c, body=body
+            )
 
-        return await self._write(op)
+        return await self.run_write_versions(1, op, on_seq)
 
     def current(self, conn: sqlite3.Connection, bucket: str, key: str) -> LocalObject | None:
         """Inside an op: the key's row (version or tombstone), or None."""
@@ -101,7 +105,9 @@ class Journal(JournalEngine):
     ) -> tuple[LocalObject, list[str]]:
         """Record a delete of ``key`` (a pending tombstone). Returns it and the superseded blob."""
         meta = ObjectMeta(bucket=bucket, key=key, size_bytes=0, etag="", last_modified_s=acked_s)
-        return await self._write(lambda c: self.upsert(c, meta, None, (), True, acked_s))
+        return await self.run_write_versions(
+            1, lambda c, seq: self.upsert(c, seq, meta, None, (), True, acked_s)
+        )
 
     async def commit_copy(
         self,
@@ -118,29 +124,33 @@ class Journal(JournalEngine):
         durable and owned by this row alone (fresh hard links), since a superseded row's
         blobs are unlinked. Returns the new row and the superseded blob ids (to unlink after
         this returns)."""
-        return await self._write(
-            lambda c: self.upsert(c, meta, blob_id, parts, False, acked_s, crc32c=crc32c, body=body)
+        return await self.run_write_versions(
+            1,
+            lambda c, seq: self.upsert(
+                c, seq, meta, blob_id, parts, False, acked_s, crc32c=crc32c, body=body
+            ),
         )
 
     async def commit_deletes(self, bucket: str, keys: Sequence[str], acked_s: float) -> list[str]:
         """Record deletes of every key in ``keys`` (pending tombstones) in ONE transaction:
         either all are durable or none is. Returns the superseded blob ids."""
 
-        def op(conn: sqlite3.Connection) -> list[str]:
+        def op(conn: sqlite3.Connection, first_seq: int) -> list[str]:
             superseded: list[str] = []
-            for key in keys:
+            for seq, key in enumerate(keys, first_seq):
                 meta = ObjectMeta(
                     bucket=bucket, key=key, size_bytes=0, etag="", last_modified_s=acked_s
                 )
-                _, old = self.upsert(conn, meta, None, (), True, acked_s)
+                _, old = self.upsert(conn, seq, meta, None, (), True, acked_s)
                 superseded.extend(old)
             return superseded
 
-        return await self._write(op)
+        return await self.run_write_versions(len(keys), op)
 
     def upsert(
         self,
         conn: sqlite3.Connection,
+        seq: int,
         meta: ObjectMeta,
         blob_id: str | None,
         parts: tuple[PartRef, ...],
@@ -151,11 +161,12 @@ class Journal(JournalEngine):
         crc32c: int | None = None,
         body: bytes | None = None,
     ) -> tuple[LocalObject, list[str]]:
-        """Inside a write op: replace the key's row; return it and the blobs it superseded
-        (see ``rows.write_version`` for the keywords)."""
+        """Inside a write op: replace the key's row with version ``seq`` (from
+        ``run_write_versions``); return it and the blobs it superseded (see
+        ``rows.write_version`` for the keywords)."""
         change, row, superseded = write_version(
             conn,
-            self._next_seq,
+            seq,
             meta,
             blob_id,
             parts,
@@ -165,8 +176,6 @@ class Journal(JournalEngine):
             crc32c=crc32c,
             body=body,
         )
-        # Only advance once the statement succeeded (a failed op is rolled back alone).
-        self._next_seq = row.seq + 1
         self.record(change)
         watch = self._watched.get((meta.bucket, meta.key))
         if watch is not None:
@@ -212,14 +221,16 @@ class Journal(JournalEngine):
         cache of upstream bytes (losing it loses nothing). Returns False if not kept; the
         caller then discards the blobs."""
 
-        def op(conn: sqlite3.Connection) -> bool:
+        def op(conn: sqlite3.Connection, seq: int) -> bool:
             watch = self._watched.get((meta.bucket, meta.key))
             if watch is None or watch[1] or self.current(conn, meta.bucket, meta.key):
                 return False
-            self.upsert(conn, meta, blob_id, parts, False, now_s, is_cached=True, crc32c=crc32c)
+            self.upsert(
+                conn, seq, meta, blob_id, parts, False, now_s, is_cached=True, crc32c=crc32c
+            )
             return True
 
-        return await self._write(op)
+        return await self.run_write_versions(1, op)
 
     async def mark_corrupt(self, obj: LocalObject, error: str) -> list[str] | None:
         """A local body no longer matches its digest. A ``durable`` row is dropped (the

@@ -48,6 +48,18 @@ _COLUMNS = (
 )
 
 
+def newest_of_each_key(held: Sequence[Replica]) -> tuple[list[Replica], list[Replica]]:
+    """The newest version of each key of each writer among ``held``, and the older ones
+    (kept beside an early commit's version, which may never have been acknowledged)."""
+    newest: dict[tuple[str, str, str, str], Replica] = {}
+    for replica in held:
+        key = (replica.owner, replica.datadir_id, replica.meta.bucket, replica.meta.key)
+        if key not in newest or newest[key].seq < replica.seq:
+            newest[key] = replica
+    chosen = {id(r) for r in newest.values()}
+    return [r for r in held if id(r) in chosen], [r for r in held if id(r) not in chosen]
+
+
 def _replica(conn: sqlite3.Connection, row: tuple[Any, ...]) -> Replica:
     owner, datadir, seq, meta, is_delete, stage_ids, parts, acked_s, uploaded = row
     ids = json.loads(stage_ids)
@@ -137,13 +149,20 @@ class ReplicaStore:
         acked_s: float,
         expected_md5: Sequence[str | None] = (),
         inline: tuple[bytes, float] | None = None,
+        *,
+        is_early: bool = False,
     ) -> tuple[list[str], list[str]]:
         """Commit a version whose bodies are staged here (each hashing to its
         ``expected_md5``, when given). Returns the stage ids that are missing or differ
         (then nothing is committed), and the blobs of the older versions of the same key
         from the same writer it supersedes (dropped; unlink them after). A version older
         than one already held (their commits crossed) is not kept: its bodies' blobs.
-        ``inline``: (body, now) of a small single body staged by this same commit."""
+        ``inline``: (body, now) of a small single body staged by this same commit.
+
+        ``is_early``: the writer sent this commit beside its own, which may yet fail: it
+        supersedes nothing, and a newer early version does not supersede this one (the
+        older versions go when the writer says they are not needed, or at a takeover,
+        which uploads the newest of each key: ``newest_of_each_key``)."""
         wanted = dict(zip(stage_ids, [*expected_md5, *([None] * len(stage_ids))], strict=False))
 
         def staged(conn: sqlite3.Connection, stage_id: str) -> bool:
@@ -171,21 +190,19 @@ class ReplicaStore:
             missing = [s for s in stage_ids if not staged(conn, s)]
             if missing:
                 return missing, []
-            held = [
-                int(r[0])
-                for r in conn.execute(
-                    "SELECT seq FROM replicas WHERE owner = ? AND datadir_id = ? AND bucket = ? "
-                    "AND key = ? AND seq != ?",
-                    (owner, datadir_id, meta.bucket, meta.key, seq),
-                )
-            ]
-            if any(s > seq for s in held):  # a newer version committed first: this one is done
-                return [], self._drop_staged(conn, stage_ids)
-            superseded = self._drop(conn, owner, datadir_id, held)
+            held = conn.execute(
+                "SELECT seq, is_early FROM replicas WHERE owner = ? AND datadir_id = ? "
+                "AND bucket = ? AND key = ? AND seq != ?",
+                (owner, datadir_id, meta.bucket, meta.key, seq),
+            ).fetchall()
+            if any(s > seq and not early for s, early in held):
+                return [], self._drop_staged(conn, stage_ids)  # a newer one committed first
+            older = [] if is_early else [int(s) for s, _ in held if s < seq]
+            superseded = self._drop(conn, owner, datadir_id, older)
             conn.execute(
                 "INSERT OR IGNORE INTO replicas (owner, datadir_id, seq, bucket, key, is_delete, "
-                "meta, stage_ids, parts, size_bytes, acked_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "
-                "?, ?, ?)",
+                "meta, stage_ids, parts, size_bytes, acked_s, is_early) VALUES (?, ?, ?, ?, ?, "
+                "?, ?, ?, ?, ?, ?, ?)",
                 (
                     owner,
                     datadir_id,
@@ -198,6 +215,7 @@ class ReplicaStore:
                     json.dumps([list(p) for p in parts]) if parts else None,
                     0 if is_delete else meta.size_bytes,
                     acked_s,
+                    int(is_early),
                 ),
             )
             for stage_id in stage_ids:

@@ -167,6 +167,9 @@ CREATE TABLE IF NOT EXISTS replicas (
     size_bytes  INTEGER NOT NULL,
     acked_s     REAL NOT NULL,                 -- the writer's acknowledgement (wall clock)
     uploaded    INTEGER NOT NULL DEFAULT 0,    -- taken over and uploaded by this node
+    -- Committed here beside the writer's own commit, before it (a PutObject's early
+    -- commit): it may never have committed there, so it supersedes nothing here.
+    is_early    INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (owner, datadir_id, seq)
 ) WITHOUT ROWID;
 

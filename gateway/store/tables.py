@@ -98,6 +98,8 @@ _ADDED_COLUMNS = (
     ("parts", "crc32c", "INTEGER"),
     # A small body stored in the journal itself (no blob file); NULL otherwise.
     ("objects", "body", "BLOB"),
+    # A replica committed before its writer's own commit (store/replicas.py).
+    ("replicas", "is_early", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 
@@ -123,6 +125,22 @@ def migrate(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
     for statement in _ADDED_INDEXES:
         conn.execute(statement)
+
+
+def read_seq_ceiling(conn: sqlite3.Connection) -> int:
+    """The durable ceiling of sequence numbers (engine.py; 0 in a journal without one)."""
+    row = conn.execute("SELECT value FROM counters WHERE name = 'seq_ceiling'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def write_seq_ceiling(conn: sqlite3.Connection, ceiling: int) -> int:
+    """Record ``ceiling`` (never lowered); returns it."""
+    conn.execute(
+        "INSERT INTO counters (name, value) VALUES ('seq_ceiling', ?) "
+        "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
+        (ceiling,),
+    )
+    return ceiling
 
 
 def referenced_blobs(conn: sqlite3.Connection) -> set[str]:

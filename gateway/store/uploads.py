@@ -154,7 +154,7 @@ class UploadJournal:
         as in ``Journal.commit_put``; if it raises, the upload stays as it was."""
         used = {p.blob_id for p in parts}
 
-        def op(conn: sqlite3.Connection) -> tuple[LocalObject, list[str]]:
+        def op(conn: sqlite3.Connection, seq: int) -> tuple[LocalObject, list[str]]:
             _require(conn, upload_id)
             if check is not None:
                 check(self._journal.current(conn, meta.bucket, meta.key))
@@ -166,11 +166,11 @@ class UploadJournal:
             ]
             conn.execute("DELETE FROM parts WHERE upload_id = ?", (upload_id,))
             conn.execute("DELETE FROM uploads WHERE upload_id = ?", (upload_id,))
-            row, superseded = self._journal.upsert(conn, meta, None, parts, False, acked_s)
+            row, superseded = self._journal.upsert(conn, seq, meta, None, parts, False, acked_s)
             _remember_completed(conn, upload_id, row, acked_s)
             return row, unused + superseded
 
-        return await self._journal.run_write(op)
+        return await self._journal.run_write_versions(1, op)
 
     async def completed(self, upload_id: str) -> CompletedUpload | None:
         """The completion of ``upload_id`` within the last ``COMPLETED_RETENTION_S``, if any."""

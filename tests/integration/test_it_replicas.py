@@ -136,6 +136,34 @@ def test_the_writer_lost_with_its_disk_mid_burst_loses_nothing(
     assert taken == 4  # b's four shards, each by exactly one holder
 
 
+def test_versions_committed_beside_the_writers_own_take_over_as_the_newest_only(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    """A PutObject's holder commits it beside the writer's own commit (early): the older
+    version of the key stays beside it there (the early one might never have committed on
+    the writer). A takeover uploads the newest of the key, once, and drops the older."""
+    a, b, c = trio
+    upstream = upstream_client(b.upstream_url)
+    b.pause_flush()
+    versions = [payload(4000 + i, f"v{i}") for i in range(3)]
+    for body in versions:
+        b.client().put_object(Bucket=bucket, Key="early/k", Body=body)
+    holder = next(gw for gw in (a, c) if ("b", "early/k") in replicas_held(gw))
+    conn = sqlite3.connect(f"file:{holder.data_dir / 'journal.db'}?mode=ro", uri=True)
+    try:
+        held = conn.execute("SELECT seq, is_early FROM replicas WHERE key = 'early/k'").fetchall()
+    finally:
+        conn.close()
+    assert len(held) == 3 and all(early for _, early in held), held
+    b.kill()
+    shutil.rmtree(b.data_dir)
+    until(lambda: "early/k" in data_objects(upstream, bucket), 60)
+    until(lambda: not replicas_held(holder), 30)
+    got = upstream.get_object(Bucket=bucket, Key="early/k")
+    assert read_body(got) == versions[-1] and got["ETag"] == quoted_md5(versions[-1])
+    assert a.metric("gateway_takeovers") + c.metric("gateway_takeovers") == 1
+
+
 def test_a_writer_back_with_its_disk_does_not_upload_what_was_taken_over(
     trio: list[GatewayProcess], bucket: str
 ) -> None:

@@ -324,13 +324,17 @@ class SimNode:
             row = self._record(key, value, is_delete)
         return self._published(row)
 
-    def _record(self, key: str, value: str, is_delete: bool) -> Row:
-        """The version committed on this node's disk (as the journal's commit does)."""
-        now_s = asyncio.get_running_loop().time()
-        row = Row(key, self.disk.next_seq, now_s, value, is_delete)
+    def _record(self, key: str, value: str, is_delete: bool, early: Row | None = None) -> Row:
+        """The version committed on this node's disk (as the journal's commit does), with
+        the seq and time ``early`` was given already (``Journal.run_write_versions``)."""
+        now_s = asyncio.get_running_loop().time() if early is None else early.acked_s
+        seq = None if early is None else early.seq
+        if seq is None:
+            seq = self.disk.next_seq
+            self.disk.next_seq += 1
+        row = Row(key, seq, now_s, value, is_delete)
         older = self.disk.pending.get(key)
         row.fence_seq = older.fence_seq if older is not None else row.seq
-        self.disk.next_seq += 1
         self.disk.rows[key] = row
         self.disk.pending[key] = row
         return row

@@ -12,7 +12,8 @@ What stands in for the rest:
   lists strongly, and logs every arrival with who sent it.
 - **A node's writes** (``ReplicaNode.put``) follow ``ObjectService._put``: replicate
   (strict: SlowDown before anything is written), tee the body to the holders, wait for
-  them to stage it, commit here, commit there, acknowledge. Bodies are small (staged in
+  them to stage it, commit here and there at once (a PutObject's early commit, the seq
+  handed out first; a delete commits there after here), acknowledge. Bodies are small (staged in
   the holders' journal rows, as real bodies up to 64 KiB are).
 - **The flusher** claims each version before its upload and marks it done after (as
   ``Flusher._flush`` does with ``UploadClaims``).
@@ -47,6 +48,7 @@ from gateway.upstream.client import AiobotocoreUpstream, Condition
 
 T = TypeVar("T")
 CONTROL = ".gateway/"
+LOCAL_COMMIT_S = 0.002  # the writer's own journal commit (an fsync), beside the holders'
 
 
 # ------------------------------------------------------------------------------ the bucket
@@ -208,7 +210,9 @@ class ReplicaTransport(SimTransport):
     async def replica_drop(
         self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
     ) -> None:
-        raise AssertionError("holders drop what their writers no longer need by asking")
+        await self._net.call(
+            self._me, address, lambda n: _replica(n).api_drop(owner, datadir_id, seqs), timeout_s
+        )
 
     async def replica_needed(
         self, address: str, owner: str, datadir_id: str, seqs: Sequence[int], timeout_s: float
@@ -296,20 +300,34 @@ class ReplicaNode(SimNode):
             except Exception as exc:  # SlowDown: too few holders
                 raise Refused(str(exc)) from exc
             await intent.ready()
-            row = self._published(self._record(key, "" if is_delete else md5, is_delete))
-        meta = self._meta(row, len(body))
+            if is_delete:
+                row = self._published(self._record(key, "", is_delete))
+                commit = self._commit(replica, holders, row, len(body), is_early=False)
+            else:  # PutObject: the holders' commit beside the local one (EarlyCommit)
+                seq = self.disk.next_seq  # handed out, under the durable ceiling
+                self.disk.next_seq += 1
+                early = Row(key, seq, asyncio.get_running_loop().time(), md5, False)
+                commit = self.spawn(self._commit(replica, holders, early, len(body), True))
+                await asyncio.sleep(LOCAL_COMMIT_S)
+                row = self._published(self._record(key, md5, False, early))
         try:
-            await replica.commit(
-                holders,
-                row.seq,
-                meta,
-                row.acked_s,
-                is_delete=is_delete,
-                stage_ids=() if is_delete else [replica.stage_id],
-            )
+            await commit
         except Exception as exc:  # committed here, not acknowledged: it still flushes
             raise Refused(str(exc)) from exc
         return row
+
+    async def _commit(
+        self, replica: Any, holders: Sequence[Any], row: Row, size: int, is_early: bool
+    ) -> None:
+        await replica.commit(
+            holders,
+            row.seq,
+            self._meta(row, size),
+            row.acked_s,
+            is_delete=row.is_delete,
+            stage_ids=() if row.is_delete else [replica.stage_id],
+            is_early=is_early,
+        )
 
     @staticmethod
     def _meta(row: Row, size_bytes: int) -> ObjectMeta:
@@ -375,8 +393,12 @@ class ReplicaNode(SimNode):
             c.acked_s,
             expected,
             inline,
+            is_early=c.is_early,
         )
         return missing
+
+    async def api_drop(self, owner: str, datadir_id: str, seqs: Sequence[int]) -> None:
+        await self.store.drop(owner, datadir_id, seqs)
 
     async def api_needed(
         self, owner: str, datadir_id: str, seqs: Sequence[int]

@@ -477,12 +477,12 @@ class _CountingRoom:
 async def _bulk_put(journal: Journal, keys: Sequence[str], acked_s: float = T0) -> None:
     """Many rows in few transactions (commit_deletes-style), as a burst would leave them."""
 
-    def op(conn: sqlite3.Connection) -> None:
-        for key in keys:
+    def op(conn: sqlite3.Connection, first_seq: int) -> None:
+        for seq, key in enumerate(keys, first_seq):
             meta = ObjectMeta(bucket=BUCKET, key=key, size_bytes=1, etag="e", last_modified_s=0)
-            journal.upsert(conn, meta, f"blob-{key}", (), False, acked_s)
+            journal.upsert(conn, seq, meta, f"blob-{key}", (), False, acked_s)
 
-    await journal.run_write(op)
+    await journal.run_write_versions(len(keys), op)
 
 
 async def test_a_full_lane_costs_nothing_per_claim(

@@ -3,6 +3,7 @@ figures and fences kept from the changes."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from fakes import claim_pending
 
 from gateway.models import FlushState, LocalObject, ObjectMeta
+from gateway.store.engine import SEQ_BLOCK
 from gateway.store.journal import Journal
 from gateway.store.queue import FlushQueue
 
@@ -232,3 +234,58 @@ async def test_a_replica_holder_keeps_versions_a_pending_row_superseded(
     assert await journal.unflushed_seqs([v1.seq, v2.seq, v3.seq]) == {v3.seq}
     assert await queue.mark_durable(v3)
     assert await journal.unflushed_seqs([v1.seq, v2.seq, v3.seq, other.seq]) == {other.seq}
+
+
+async def test_a_seq_is_handed_out_as_the_commit_is_queued_in_commit_order(
+    journal: Journal,
+) -> None:
+    """``on_seq`` names the version's seq before the commit is queued; commits land in the
+    order their seqs were handed out, also for one key written twice at once."""
+    named: list[int] = []
+    first = asyncio.ensure_future(
+        journal.commit_put(meta("k", etag="1"), "b1", 1.0, on_seq=named.append)
+    )
+    second = asyncio.ensure_future(
+        journal.commit_put(meta("k", etag="2"), "b2", 2.0, on_seq=named.append)
+    )
+    (row1, _), (row2, _) = await asyncio.gather(first, second)
+    assert named == [row1.seq, row2.seq] and row2.seq == row1.seq + 1
+    current = await journal.get("b", "k")
+    assert current is not None and current.meta.etag == "2" and current.seq == row2.seq
+    assert journal.is_reserved(row2.seq)
+
+
+async def test_a_restart_never_hands_out_a_seq_that_was_named_before_its_commit(
+    tmp_path: Path,
+) -> None:
+    """A seq named to replica holders may never commit (a crash); the durable ceiling makes
+    every later start hand out numbers above it, evicted rows or not."""
+    path = tmp_path / "ceiling.db"
+    j = Journal(path, fsync=False)
+    j.open()
+    named: list[int] = []
+    await j.commit_put(meta("k"), "b1", 1.0, on_seq=named.append)
+    # Numbers handed out, then a crash before their commits: the last one was named
+    j._next_seq += 10
+    assert j.is_reserved(j._next_seq - 1)
+    lost = j._next_seq - 1
+    j.close()
+    j = Journal(path, fsync=False)
+    j.open()
+    try:
+        row, _ = await j.commit_put(meta("k2"), "b2", 2.0)
+        assert row.seq > lost and j.is_reserved(row.seq)
+        assert not j.is_reserved(row.seq + SEQ_BLOCK)
+    finally:
+        j.close()
+
+
+async def test_the_ceiling_is_raised_before_the_numbers_reach_it(journal: Journal) -> None:
+    ceiling = journal._durable_ceiling
+    journal._next_seq = ceiling - 3  # a long run of writes since the start
+    rows = [(await journal.commit_put(meta(f"k{i}"), f"b{i}", 1.0))[0] for i in range(6)]
+    assert journal._durable_ceiling >= ceiling + SEQ_BLOCK // 2
+    assert all(journal.is_reserved(r.seq) for r in rows[3:])  # past the old ceiling
+    with sqlite3.connect(journal.path) as conn:
+        [(stored,)] = conn.execute("SELECT value FROM counters WHERE name = 'seq_ceiling'")
+    assert stored == journal._durable_ceiling

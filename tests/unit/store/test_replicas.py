@@ -8,7 +8,7 @@ import hashlib
 
 from gateway.models import ObjectMeta
 from gateway.store.journal import Journal
-from gateway.store.replicas import ReplicaStore
+from gateway.store.replicas import ReplicaStore, newest_of_each_key
 
 
 def _meta(key: str, body: bytes) -> ObjectMeta:
@@ -54,3 +54,52 @@ async def test_versions_of_a_key_supersede_in_either_commit_order(journal: Journ
     assert journal.figures.replica_bytes == len(b"newest") + len(b"other key")
     [(owner, datadir, versions, size, newest_s)] = await store.owners()
     assert (owner, datadir, versions, size, newest_s) == ("w", "d", 2, 15, 14.0)
+
+
+async def _commit_early(store: ReplicaStore, seq: int, key: str, body: bytes) -> None:
+    meta = _meta(key, body)
+    missing, superseded = await store.commit(
+        "w", "d", seq, meta, False, [f"s{seq}"], [], 10.0 + seq, [meta.etag], (body, 1.0),
+        is_early=True,
+    )  # fmt: skip
+    assert (missing, superseded) == ([], [])
+
+
+async def test_an_early_version_supersedes_nothing_until_its_writer_commits(
+    journal: Journal,
+) -> None:
+    """A PutObject's holders' commit goes beside the writer's own, which may fail: the older
+    version stays beside it, the newest of each key is what a takeover uploads, and a
+    withdrawn early version leaves the older one as it was."""
+    store = ReplicaStore(journal)
+    await _commit_inline(store, 1, "k", b"acked")
+    await _commit_early(store, 2, "k", b"maybe")
+    assert sorted(r.seq for r in await store.for_key("bkt", "k")) == [1, 2]
+    newest, older = newest_of_each_key(await store.of_owner("w", "d"))
+    assert ([r.seq for r in newest], [r.seq for r in older]) == ([2], [1])
+    await store.drop("w", "d", [2])  # the writer's own commit failed: withdrawn
+    [kept] = await store.for_key("bkt", "k")
+    assert (kept.seq, kept.body) == (1, b"acked")
+
+
+async def test_an_early_newer_version_does_not_refuse_an_older_one_arriving_late(
+    journal: Journal,
+) -> None:
+    store = ReplicaStore(journal)
+    await _commit_early(store, 3, "k", b"early newer")
+    await _commit_inline(store, 2, "k", b"older, committed first on its writer")
+    assert sorted(r.seq for r in await store.for_key("bkt", "k")) == [2, 3]
+    await _commit_inline(store, 4, "k", b"committed: supersedes both")
+    assert [r.seq for r in await store.for_key("bkt", "k")] == [4]
+    assert journal.figures.replica_bytes == len(b"committed: supersedes both")
+
+
+async def test_newest_of_each_key_is_per_writer_and_data_dir(journal: Journal) -> None:
+    store = ReplicaStore(journal)
+    for owner, datadir, seq in (("w", "d", 5), ("w", "d2", 1), ("v", "d", 9)):
+        meta = _meta("k", b"x")
+        await store.commit(owner, datadir, seq, meta, False, [f"{owner}{datadir}{seq}"], [],
+                           1.0, [meta.etag], (b"x", 1.0))  # fmt: skip
+    held = [r for o, d, *_ in await store.owners() for r in await store.of_owner(o, d)]
+    newest, older = newest_of_each_key(held)
+    assert (len(newest), older) == (3, [])
