@@ -154,6 +154,9 @@ class EarlyCommit:
         if self._is_reserved(seq):
             self._seq = seq
             self._task = asyncio.ensure_future(self._commit(seq, is_early=True))
+            # Its outcome is read by ``committed`` or ``failed``, unless the request was
+            # cancelled meanwhile (a client gone: never acknowledged).
+            self._task.add_done_callback(_retrieved)
 
     async def committed(self, row: LocalObject) -> None:
         """The local commit succeeded: the holders' commit, awaited or sent now."""
@@ -181,6 +184,11 @@ class EarlyCommit:
             is_early=is_early,
         )
         metrics.REPLICA_LAG_S.observe(time.monotonic() - started_s)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def replicate_local(replica: ReplicaWriter, row: LocalObject, blobs: BlobStore) -> None:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -91,6 +91,7 @@ class JournalEngine:
         self._next_seq = 1  # the next version's seq: handed out on the loop, in submit order
         self._durable_ceiling = 0  # no seq above it was ever named outside this journal
         self._raising_ceiling = False
+        self._in_flight: set[int] = set()  # handed out, their op not answered yet
         self._consumers: list[ChangeConsumer] = []
         self._listeners: list[Callable[[], None]] = []  # called after each applied group
         self._log: list[Change] | None = None  # the running write op's changes (writer thread)
@@ -208,9 +209,19 @@ class JournalEngine:
         first = self._next_seq
         self._next_seq += count
         self._keep_ceiling_ahead()
-        if on_seq is not None:
-            on_seq(first)
-        return await self._write(lambda conn: op(conn, first))
+        seqs = range(first, first + count)
+        self._in_flight.update(seqs)
+        try:
+            if on_seq is not None:
+                on_seq(first)
+            return await self._write(lambda conn: op(conn, first))
+        finally:  # committed and visible, failed, or its caller gone (never acknowledged)
+            self._in_flight.difference_update(seqs)
+
+    def in_flight(self, seqs: Iterable[int]) -> set[int]:
+        """Which of ``seqs`` are handed out to a write not answered yet (a replica holder
+        may hold one committed early, before it is in the table)."""
+        return self._in_flight.intersection(seqs)
 
     def is_reserved(self, seq: int) -> bool:
         """Whether ``seq`` is under the durable ceiling: safe to name before it commits."""

@@ -48,7 +48,7 @@ from gateway.upstream.client import AiobotocoreUpstream, Condition
 
 T = TypeVar("T")
 CONTROL = ".gateway/"
-LOCAL_COMMIT_S = 0.002  # the writer's own journal commit (an fsync), beside the holders'
+LOCAL_COMMIT_S = 0.3  # the writer's own journal commit (an fsync), beside the holders'
 
 
 # ------------------------------------------------------------------------------ the bucket
@@ -268,6 +268,7 @@ class ReplicaNode(SimNode):
             self.takeover.is_lost, self.takeover.owner_answer, self._own_drain
         )
         self.uploads = 0
+        self.in_flight: set[int] = set()  # seqs handed out, not committed (process memory)
 
     async def start(self) -> None:
         await super().start()
@@ -307,9 +308,13 @@ class ReplicaNode(SimNode):
                 seq = self.disk.next_seq  # handed out, under the durable ceiling
                 self.disk.next_seq += 1
                 early = Row(key, seq, asyncio.get_running_loop().time(), md5, False)
-                commit = self.spawn(self._commit(replica, holders, early, len(body), True))
-                await asyncio.sleep(LOCAL_COMMIT_S)
-                row = self._published(self._record(key, md5, False, early))
+                self.in_flight.add(seq)
+                try:
+                    commit = self.spawn(self._commit(replica, holders, early, len(body), True))
+                    await asyncio.sleep(LOCAL_COMMIT_S)
+                    row = self._published(self._record(key, md5, False, early))
+                finally:
+                    self.in_flight.discard(seq)
         try:
             await commit
         except Exception as exc:  # committed here, not acknowledged: it still flushes
@@ -407,7 +412,9 @@ class ReplicaNode(SimNode):
             return None
         # As Journal.unflushed_seqs: pending versions, and those a pending one superseded.
         spans = [(r.fence_seq, r.seq) for r in self.disk.pending.values()]
-        return [s for s in seqs if any(low <= s <= high for low, high in spans)]
+        return [
+            s for s in seqs if s in self.in_flight or any(low <= s <= high for low, high in spans)
+        ]
 
     async def api_drain(self, request: DrainRequest) -> DrainAnswer:
         if request.owner is not None:  # a lost writer's replicas held here

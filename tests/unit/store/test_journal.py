@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,28 @@ async def test_the_ceiling_is_raised_before_the_numbers_reach_it(journal: Journa
     with sqlite3.connect(journal.path) as conn:
         [(stored,)] = conn.execute("SELECT value FROM counters WHERE name = 'seq_ceiling'")
     assert stored == journal._durable_ceiling
+
+
+async def test_a_version_on_its_way_is_still_needed_by_its_replica_holders(
+    journal: Journal,
+) -> None:
+    """A holder may ask about a version committed on it early, while the writer's own
+    commit is still on its way: the writer answers that it needs it; once that commit
+    failed, not any more."""
+    release = threading.Event()
+    named: list[int] = []
+
+    def slow_then_refuse(current: LocalObject | None) -> None:
+        release.wait(10)  # the writer thread is inside the commit
+        raise RuntimeError("refused inside the commit")
+
+    commit = asyncio.ensure_future(
+        journal.commit_put(meta("k"), "b1", 1.0, slow_then_refuse, on_seq=named.append)
+    )
+    await asyncio.sleep(0)
+    [seq] = named
+    assert await journal.unflushed_seqs([seq, seq + 5]) == {seq}
+    release.set()
+    with pytest.raises(RuntimeError):
+        await commit
+    assert await journal.unflushed_seqs([seq]) == set()
