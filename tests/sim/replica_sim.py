@@ -48,7 +48,7 @@ from gateway.upstream.client import AiobotocoreUpstream, Condition
 
 T = TypeVar("T")
 CONTROL = ".gateway/"
-LOCAL_COMMIT_S = 0.3  # the writer's own journal commit (an fsync), beside the holders'
+LOCAL_COMMIT_S = 0.002  # the writer's own journal commit (an fsync), beside the holders'
 
 
 # ------------------------------------------------------------------------------ the bucket
