@@ -165,13 +165,14 @@ class EarlyCommit:
         else:
             await self._commit(row.seq, is_early=False)
 
-    async def failed(self) -> None:
-        """The local commit failed: withdraw an early version from the holders."""
+    async def failed(self) -> bool:
+        """The local commit failed: withdraw an early version from the holders. False
+        if some holder may still have it (the journal's ``mark_doubtful``)."""
         if self._task is None or self._seq is None:
-            return
+            return True
         with contextlib.suppress(Exception):
             await self._task
-        await self._replica.withdraw(self._seq)
+        return await self._replica.withdraw(self._seq)
 
     async def _commit(self, seq: int, *, is_early: bool) -> None:
         started_s = time.monotonic()

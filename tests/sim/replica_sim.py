@@ -263,7 +263,10 @@ class ReplicaNode(SimNode):
             held_bytes=lambda: 0,
             wait_fleet_drained=self.fleet.fence.drained_everywhere,
         )
-        self.claims = UploadClaims(claims, me)
+        # As Journal.may_be_superseded_elsewhere: rows an earlier run left (it may have
+        # died between a newer version's early commit on a holder and its own).
+        self.first_seq = self.disk.next_seq
+        self.claims = UploadClaims(claims, me, lambda bucket, key, seq: seq < self.first_seq)
         self.fleet.fence.lost = LostWriters(
             self.takeover.is_lost, self.takeover.owner_answer, self._own_drain
         )
