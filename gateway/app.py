@@ -582,7 +582,7 @@ def _replicas(
         wait_fleet_drained=fleet.fence.drained_everywhere,
     )
     fleet.takeover = takeover
-    fleet.claims = UploadClaims(claims, me)
+    fleet.claims = UploadClaims(claims, me, journal.may_be_superseded_elsewhere)
 
 
 def _reachable(host: str) -> str:

@@ -157,8 +157,8 @@ class ObjectService:
                     on_seq=early.on_seq if early else None,
                 )
             except Exception:  # not committed here (a cancelled caller's commit still is)
-                if early is not None:
-                    await early.failed()
+                if early is not None and not await early.failed():
+                    self._journal.mark_doubtful(req.bucket, req.key)
                 raise
         except BaseException:
             await asyncio.shield(self._blobs.discard(blob.blob_ids))

@@ -154,6 +154,9 @@ class EarlyCommit:
         if self._is_reserved(seq):
             self._seq = seq
             self._task = asyncio.ensure_future(self._commit(seq, is_early=True))
+            # Its outcome is read by ``committed`` or ``failed``, unless the request was
+            # cancelled meanwhile (a client gone: never acknowledged).
+            self._task.add_done_callback(_retrieved)
 
     async def committed(self, row: LocalObject) -> None:
         """The local commit succeeded: the holders' commit, awaited or sent now."""
@@ -162,13 +165,14 @@ class EarlyCommit:
         else:
             await self._commit(row.seq, is_early=False)
 
-    async def failed(self) -> None:
-        """The local commit failed: withdraw an early version from the holders."""
+    async def failed(self) -> bool:
+        """The local commit failed: withdraw an early version from the holders. False
+        if some holder may still have it (the journal's ``mark_doubtful``)."""
         if self._task is None or self._seq is None:
-            return
+            return True
         with contextlib.suppress(Exception):
             await self._task
-        await self._replica.withdraw(self._seq)
+        return await self._replica.withdraw(self._seq)
 
     async def _commit(self, seq: int, *, is_early: bool) -> None:
         started_s = time.monotonic()
@@ -181,6 +185,11 @@ class EarlyCommit:
             is_early=is_early,
         )
         metrics.REPLICA_LAG_S.observe(time.monotonic() - started_s)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def replicate_local(replica: ReplicaWriter, row: LocalObject, blobs: BlobStore) -> None:

@@ -289,19 +289,22 @@ class ReplicaWrite:
         self._replication._enough(copies, f"{meta.bucket}/{meta.key}")
         return copies
 
-    async def withdraw(self, seq: int) -> None:
+    async def withdraw(self, seq: int) -> bool:
         """This node's own commit of ``seq`` failed after an early commit on the holders:
-        they drop it (best effort: a holder that cannot be told drops it when it next asks
-        whether its versions are still needed)."""
+        they drop it. False if a holder could not be told (it drops it when it next asks
+        whether its versions are still needed, unless it takes it over first)."""
         me = self._replication.me
         transport = self._replication.transport
+        told = True
         for member in self.holders:
             try:
                 await transport.replica_drop(
                     member.address, me.node_id, me.datadir_id, [seq], _COMMIT_TIMEOUT_S
                 )
             except PeerUnavailable as exc:
+                told = False
                 log.warning("withdrawing %s/%s from %s: %s", self.bucket, self.key, member, exc)
+        return told
 
     async def _commit_one(
         self,

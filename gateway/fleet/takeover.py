@@ -51,9 +51,17 @@ class Decision(enum.Enum):
 class UploadClaims:
     """The flusher's side of claims (see the module docstring)."""
 
-    def __init__(self, claims: Claims, me: NodeInfo) -> None:
+    def __init__(
+        self,
+        claims: Claims,
+        me: NodeInfo,
+        may_be_superseded: Callable[[str, str, int], bool] = lambda bucket, key, seq: False,
+    ) -> None:
         self._claims = claims
         self._me = me
+        # A newer version of this writer's may be on a holder only (Journal.
+        # may_be_superseded_elsewhere): then its claims are looked at before an upload.
+        self._may_be_superseded = may_be_superseded
 
     def _version(self, obj: LocalObject) -> Version:
         meta, me = obj.meta, self._me
@@ -61,7 +69,11 @@ class UploadClaims:
         return Version(meta.bucket, meta.key, obj.acked_s, me.node_id, me.datadir_id, obj.seq, etag)
 
     async def before_upload(self, obj: LocalObject) -> str:
-        claim = await self._claims.claim(self._version(obj))
+        version = self._version(obj)
+        claim = await self._claims.claim(version)
+        if claim.outcome is Outcome.WON and await self._superseded_elsewhere(obj, version):
+            await self._claims.done(version)
+            return Decision.DONE.value
         if claim.outcome is Outcome.DONE:
             log.info(
                 "%s/%s seq=%d was uploaded by another gateway (taken over)",
@@ -73,6 +85,23 @@ class UploadClaims:
         if claim.outcome is Outcome.HELD:
             return Decision.WAIT.value
         return Decision.UPLOAD.value
+
+    async def _superseded_elsewhere(self, obj: LocalObject, version: Version) -> bool:
+        """A newer version of ours, committed early on a holder and never here, was taken
+        over: this one must not land over it. Looked at only when that may be."""
+        meta = obj.meta
+        if not self._may_be_superseded(meta.bucket, meta.key, obj.seq):
+            return False
+        if not await self._claims.newer_on_its_way(version):
+            return False
+        log.info(
+            "%s/%s seq=%d: a newer version of this gateway's is in the bucket or on its way "
+            "there (taken over); not uploaded",
+            meta.bucket,
+            meta.key,
+            obj.seq,
+        )
+        return True
 
     async def after_upload(self, obj: LocalObject) -> None:
         await self._claims.done(self._version(obj))

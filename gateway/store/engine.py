@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -91,6 +91,9 @@ class JournalEngine:
         self._next_seq = 1  # the next version's seq: handed out on the loop, in submit order
         self._durable_ceiling = 0  # no seq above it was ever named outside this journal
         self._raising_ceiling = False
+        self._in_flight: set[int] = set()  # handed out, their op not answered yet
+        self.first_seq = 1  # this run's first: a lower one was handed out by an earlier run
+        self._doubtful: set[tuple[str, str]] = set()
         self._consumers: list[ChangeConsumer] = []
         self._listeners: list[Callable[[], None]] = []  # called after each applied group
         self._log: list[Change] | None = None  # the running write op's changes (writer thread)
@@ -108,6 +111,7 @@ class JournalEngine:
         newest = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM objects").fetchone()[0])
         self._next_seq = max(newest, read_seq_ceiling(conn)) + 1
         self._durable_ceiling = write_seq_ceiling(conn, self._next_seq - 1 + SEQ_BLOCK)
+        self.first_seq = self._next_seq
         load_figures(conn, self.figures)
         self.figures.last_seq = newest
         blobs = referenced_blobs(conn)
@@ -208,9 +212,32 @@ class JournalEngine:
         first = self._next_seq
         self._next_seq += count
         self._keep_ceiling_ahead()
-        if on_seq is not None:
-            on_seq(first)
-        return await self._write(lambda conn: op(conn, first))
+        seqs = range(first, first + count)
+        self._in_flight.update(seqs)
+        try:
+            if on_seq is not None:
+                on_seq(first)
+            return await self._write(lambda conn: op(conn, first))
+        finally:  # committed and visible, failed, or its caller gone (never acknowledged)
+            self._in_flight.difference_update(seqs)
+
+    def in_flight(self, seqs: Iterable[int]) -> set[int]:
+        """Which of ``seqs`` are handed out to a write not answered yet (a replica holder
+        may hold one committed early, before it is in the table)."""
+        return self._in_flight.intersection(seqs)
+
+    def mark_doubtful(self, bucket: str, key: str) -> None:
+        """A version of ``key`` named to replica holders failed to commit here and may not
+        have been withdrawn from them everywhere (``may_be_superseded_elsewhere``)."""
+        self._doubtful.add((bucket, key))
+
+    def may_be_superseded_elsewhere(self, bucket: str, key: str, seq: int) -> bool:
+        """Whether a newer version of ``key`` from this data dir may exist on a replica
+        holder and not here: named before its commit (early), by an earlier run that died
+        before the commit, or by this run when the commit failed and the withdrawal may
+        not have reached every holder. Such a version may be taken over into the bucket;
+        this one must then not follow it there."""
+        return seq < self.first_seq or (bucket, key) in self._doubtful
 
     def is_reserved(self, seq: int) -> bool:
         """Whether ``seq`` is under the durable ceiling: safe to name before it commits."""

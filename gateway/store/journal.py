@@ -306,7 +306,8 @@ class Journal(JournalEngine):
         upstream, and versions superseded here by a row that is not durable yet (between
         its fence and its seq). The newer row may never have been acknowledged (its own
         replica failed): until it drains, the older acknowledged version's replica is the
-        only other copy of the newest acknowledged data."""
+        only other copy of the newest acknowledged data. And versions whose commit is on
+        its way (a PutObject's holders commit it beside the local commit)."""
         wanted = list(seqs)
         unflushed = "state IN ('pending', 'flushing', 'failed')"
 
@@ -328,7 +329,11 @@ class Journal(JournalEngine):
             out.update(s for s in wanted if any(low <= s < high for low, high in spans))
             return out
 
-        return await self._read(op)
+        # A version committed early on its holder may be in flight here: before the read
+        # and after it, so that one committed while the read ran is never missed.
+        before = self.in_flight(wanted)
+        found = await self._read(op)
+        return found | before | self.in_flight(wanted)
 
     async def has_unflushed_objects(self, bucket: str) -> bool:
         """Is any version (not a delete) in ``bucket`` still waiting for the upstream?"""

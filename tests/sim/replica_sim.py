@@ -263,11 +263,15 @@ class ReplicaNode(SimNode):
             held_bytes=lambda: 0,
             wait_fleet_drained=self.fleet.fence.drained_everywhere,
         )
-        self.claims = UploadClaims(claims, me)
+        # As Journal.may_be_superseded_elsewhere: rows an earlier run left (it may have
+        # died between a newer version's early commit on a holder and its own).
+        self.first_seq = self.disk.next_seq
+        self.claims = UploadClaims(claims, me, lambda bucket, key, seq: seq < self.first_seq)
         self.fleet.fence.lost = LostWriters(
             self.takeover.is_lost, self.takeover.owner_answer, self._own_drain
         )
         self.uploads = 0
+        self.in_flight: set[int] = set()  # seqs handed out, not committed (process memory)
 
     async def start(self) -> None:
         await super().start()
@@ -307,9 +311,13 @@ class ReplicaNode(SimNode):
                 seq = self.disk.next_seq  # handed out, under the durable ceiling
                 self.disk.next_seq += 1
                 early = Row(key, seq, asyncio.get_running_loop().time(), md5, False)
-                commit = self.spawn(self._commit(replica, holders, early, len(body), True))
-                await asyncio.sleep(LOCAL_COMMIT_S)
-                row = self._published(self._record(key, md5, False, early))
+                self.in_flight.add(seq)
+                try:
+                    commit = self.spawn(self._commit(replica, holders, early, len(body), True))
+                    await asyncio.sleep(LOCAL_COMMIT_S)
+                    row = self._published(self._record(key, md5, False, early))
+                finally:
+                    self.in_flight.discard(seq)
         try:
             await commit
         except Exception as exc:  # committed here, not acknowledged: it still flushes
@@ -407,7 +415,9 @@ class ReplicaNode(SimNode):
             return None
         # As Journal.unflushed_seqs: pending versions, and those a pending one superseded.
         spans = [(r.fence_seq, r.seq) for r in self.disk.pending.values()]
-        return [s for s in seqs if any(low <= s <= high for low, high in spans)]
+        return [
+            s for s in seqs if s in self.in_flight or any(low <= s <= high for low, high in spans)
+        ]
 
     async def api_drain(self, request: DrainRequest) -> DrainAnswer:
         if request.owner is not None:  # a lost writer's replicas held here

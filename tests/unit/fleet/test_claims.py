@@ -8,6 +8,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.fleet.claims import Claimant, Claims, Outcome, Version, key_prefix
+from gateway.fleet.takeover import UploadClaims
+from gateway.fleet.wire import NodeInfo
+from gateway.models import FlushState, LocalObject, ObjectMeta
 
 
 class MemoryBucket:
@@ -158,3 +161,25 @@ async def test_a_newer_version_is_on_its_way_only_while_someone_alive_claims_it(
     assert await taker.newer_on_its_way(older)
     # Another writer's later acknowledgement counts as newer; an earlier one does not.
     assert not await taker.newer_on_its_way(version(seq=1, owner="z", acked_s=200.0))
+
+
+def _row(seq: int) -> LocalObject:
+    meta = ObjectMeta("b", "k", 1, f"etag{seq}a", 100.0)
+    return LocalObject(meta, seq, FlushState.PENDING, None, False, acked_s=100.0 + seq)
+
+
+async def test_a_row_an_earlier_run_left_does_not_follow_its_newer_version_taken_over() -> None:
+    """A writer that died between a newer version's early commit on a holder and its own
+    commit comes back with the older row: the holder took the newer one over, so the
+    writer's flusher finds it done and does not upload the older over it."""
+    bucket = MemoryBucket()
+    me = NodeInfo("a", "dir-a", 2.0)
+    newer = Version("b", "k", 111.0, "a", "dir-a", 11, "etag11a")
+    taker = claims_of(bucket, "h")
+    assert (await taker.claim(newer)).outcome is Outcome.WON
+    await taker.done(newer)
+    back = UploadClaims(claims_of(bucket, "a", started_s=2.0), me, lambda b, k, seq: seq < 20)
+    assert await back.before_upload(_row(10)) == "done"
+    # A row of this run is never superseded so: its claim alone decides (one request less).
+    plain = UploadClaims(claims_of(bucket, "a", started_s=2.0), me)
+    assert await plain.before_upload(_row(9)) == "upload"

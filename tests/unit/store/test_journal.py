@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -276,6 +277,12 @@ async def test_a_restart_never_hands_out_a_seq_that_was_named_before_its_commit(
         row, _ = await j.commit_put(meta("k2"), "b2", 2.0)
         assert row.seq > lost and j.is_reserved(row.seq)
         assert not j.is_reserved(row.seq + SEQ_BLOCK)
+        # The earlier run's rows may have a newer version on a holder only; this run's not,
+        # unless a failed commit's withdrawal may have missed a holder.
+        assert j.may_be_superseded_elsewhere("b", "k", named[0])
+        assert not j.may_be_superseded_elsewhere("b", "k2", row.seq)
+        j.mark_doubtful("b", "k2")
+        assert j.may_be_superseded_elsewhere("b", "k2", row.seq)
     finally:
         j.close()
 
@@ -289,3 +296,28 @@ async def test_the_ceiling_is_raised_before_the_numbers_reach_it(journal: Journa
     with sqlite3.connect(journal.path) as conn:
         [(stored,)] = conn.execute("SELECT value FROM counters WHERE name = 'seq_ceiling'")
     assert stored == journal._durable_ceiling
+
+
+async def test_a_version_on_its_way_is_still_needed_by_its_replica_holders(
+    journal: Journal,
+) -> None:
+    """A holder may ask about a version committed on it early, while the writer's own
+    commit is still on its way: the writer answers that it needs it; once that commit
+    failed, not any more."""
+    release = threading.Event()
+    named: list[int] = []
+
+    def slow_then_refuse(current: LocalObject | None) -> None:
+        release.wait(10)  # the writer thread is inside the commit
+        raise RuntimeError("refused inside the commit")
+
+    commit = asyncio.ensure_future(
+        journal.commit_put(meta("k"), "b1", 1.0, slow_then_refuse, on_seq=named.append)
+    )
+    await asyncio.sleep(0)
+    [seq] = named
+    assert await journal.unflushed_seqs([seq, seq + 5]) == {seq}
+    release.set()
+    with pytest.raises(RuntimeError):
+        await commit
+    assert await journal.unflushed_seqs([seq]) == set()
