@@ -3,7 +3,9 @@ drain questions answered for the fleet (docs/fleet.md, "Commit order across node
 
 A ``Hold`` is taken when a marker is acknowledged (or found pending at start). It asks every
 active member ``drain(bucket, parent, exclude_markers)`` as a long poll and is released once
-each has answered drained (or left the fleet, or was forgotten by an operator). A member
+each has answered drained (or left the fleet, or was forgotten by an operator). With
+replicas, it then waits until no member holds a replica under the directory of a writer
+that no member runs any more (a node wiped and back before the hold began). A member
 that does not answer, or answers from a new data dir, keeps the marker held: nothing here
 releases a marker because time passed. Members that join while a hold waits are waited on
 too (the set only grows).
@@ -30,6 +32,7 @@ _RPC_MARGIN_S = 5.0  # ... and its answer this much longer on the network
 _RETRY_FIRST_S = 0.5  # a member that does not answer is asked again after this, doubling
 _RETRY_MAX_S = 5.0  # ... up to this
 _STUCK_RETRY_S = 2.0  # a member whose rows failed is asked again after this
+_EARLIER_WRITERS = "(lost writers)"  # a hold's last wait, on replicas of no member's
 
 
 def parent_prefix(key: str) -> str:
@@ -269,8 +272,31 @@ class FleetFence:
         self._settle(hold)
 
     def _settle(self, hold: Hold) -> None:
-        if not hold.is_released and not hold.outstanding():
+        if hold.is_released or hold.outstanding():
+            return
+        if self.lost is None or _EARLIER_WRITERS in hold.waiting:
             self._finish(hold, "fleet")
+            return
+        # Every member answered for its data dir of now. A member wiped and back before the
+        # hold began (its earlier data dir is no member's) left its writes in replicas
+        # only: they go up first.
+        hold.waiting[_EARLIER_WRITERS] = Waiting(_EARLIER_WRITERS, None, "pending")
+        task = asyncio.create_task(self._ask_earlier(hold), name=f"fence {hold.key} (lost)")
+        hold.tasks.add(task)
+        task.add_done_callback(hold.tasks.discard)
+
+    async def _ask_earlier(self, hold: Hold) -> None:
+        """Until no member holds a replica under the directory of a writer no member runs
+        (``drained_everywhere``), then settle the hold again."""
+        me = self._membership.me
+        waiting = hold.waiting[_EARLIER_WRITERS]
+        while not await self.drained_everywhere(
+            hold.bucket, hold.prefix, f"{me.node_id}/{me.datadir_id}"
+        ):
+            waiting.detail = "replicas of lost writers are being uploaded"
+            await asyncio.sleep(_STUCK_RETRY_S)
+        waiting.state = "done"
+        self._settle(hold)
 
     def _finish(self, hold: Hold, by: str) -> None:
         hold.is_released, hold.released_by = True, by
