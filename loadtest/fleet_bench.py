@@ -18,7 +18,8 @@ Legs (``--legs``, all by default):
   Target: PUT p99 with peers <= 1.1x without. Also the first PUT of a new directory (it is
   announced to the 64 holders first).
 
-Run: ``python loadtest/fleet_bench.py [--legs marker,crossread,miss,put] [--json FILE]``.
+Run: ``python loadtest/fleet_bench.py [--legs marker,crossread,miss,put] [--replicas N]
+[--json FILE]`` (``--replicas``: the marker leg's gateways with replicas on).
 The gateways are real processes (tests/harness.py's GatewayProcess); the bucket is moto's
 ThreadedMotoServer, or the emulator for ``marker``.
 """
@@ -86,10 +87,11 @@ def say(text: str) -> None:
 # ------------------------------------------------------------------------------ marker
 
 
-def leg_marker(base: Path, checkpoints: int) -> dict[str, Any]:
+def leg_marker(base: Path, checkpoints: int, replicas: int = 0) -> dict[str, Any]:
     bucket = "fleet-bench"
+    extra = ("--replicas", str(replicas)) if replicas else ()
     with EmulatorThread(latency_ms=5, buckets=[bucket]) as emu:
-        gateways = fleet_of(base / "marker", emu.url, ("g0", "g1", "g2", "g3"))
+        gateways = fleet_of(base / "marker", emu.url, ("g0", "g1", "g2", "g3"), extra)
         for gw in gateways:
             gw.start()
         try:
@@ -128,7 +130,8 @@ def leg_marker(base: Path, checkpoints: int) -> dict[str, Any]:
     say(
         f"marker after the fleet's last shard: p50 {stats['p50'] * 1000:.0f} ms, "
         f"p99 {stats['p99'] * 1000:.0f} ms, max {stats['max'] * 1000:.0f} ms over "
-        f"{checkpoints} checkpoints (16 ranks, 4 gateways): target p99 <= 1 s: "
+        f"{checkpoints} checkpoints (16 ranks, 4 gateways, --replicas {replicas}): "
+        "target p99 <= 1 s: "
         f"{'met' if stats['p99'] <= 1.0 else 'NOT met'}"
     )
     return {"delay_s": stats, "met": stats["p99"] <= 1.0}
@@ -331,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--legs", default="marker,crossread,miss,put")
     parser.add_argument("--checkpoints", type=int, default=30)
+    parser.add_argument("--replicas", type=int, default=0, help="marker: --replicas N")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--members", type=int, default=64)
     parser.add_argument("-n", type=int, default=400, help="requests per gateway (miss, put)")
@@ -343,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with TemporaryDirectory(prefix="fleet-bench-") as tmp:
             base = Path(tmp)
             if "marker" in legs:
-                report["marker"] = leg_marker(base, args.checkpoints)
+                report["marker"] = leg_marker(base, args.checkpoints, args.replicas)
             if "crossread" in legs:
                 report["crossread"] = leg_crossread(base, moto_url, args.rounds)
             if legs & {"miss", "put"}:
