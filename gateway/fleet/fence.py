@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.clock import Clock
@@ -49,6 +49,7 @@ class Waiting:
     state: str = "asking"  # asking | pending | failed | unreachable | lost-data | done
     detail: str = ""
     since_s: float = 0.0
+    answered_datadir: str | None = None  # the data dir its last answer came from
 
     def describe(self, now_s: float) -> str:
         if self.state == "unreachable":
@@ -248,6 +249,7 @@ class FleetFence:
                 backoff_s = min(_RETRY_MAX_S, backoff_s * 2)
                 continue
             backoff_s = _RETRY_FIRST_S
+            waiting.answered_datadir = answer.node.datadir_id
             if waiting.expected_datadir is None:
                 waiting.expected_datadir = answer.node.datadir_id
             if answer.node.datadir_id != waiting.expected_datadir and self.lost is not None:
@@ -286,17 +288,34 @@ class FleetFence:
         task.add_done_callback(hold.tasks.discard)
 
     async def _ask_earlier(self, hold: Hold) -> None:
-        """Until no member holds a replica under the directory of a writer no member runs
-        (``drained_everywhere``), then settle the hold again."""
+        """Until no member that answered the hold holds a replica under the directory of
+        a writer none of them runs, then settle the hold again."""
         me = self._membership.me
+        answered = {
+            w.node_id: f"{w.node_id}/{w.answered_datadir}"
+            for w in hold.waiting.values()
+            if w.answered_datadir is not None
+        }
+        members = [m for m in self._membership.active() if m.node_id in answered]
+        live = (f"{me.node_id}/{me.datadir_id}", *answered.values())
         waiting = hold.waiting[_EARLIER_WRITERS]
-        while not await self.drained_everywhere(
-            hold.bucket, hold.prefix, f"{me.node_id}/{me.datadir_id}"
-        ):
+        while not await self._orphans_drained(hold.bucket, hold.prefix, live, members):
             waiting.detail = "replicas of lost writers are being uploaded"
-            await asyncio.sleep(_STUCK_RETRY_S)
+            await asyncio.sleep(_RETRY_FIRST_S)
         waiting.state = "done"
         self._settle(hold)
+
+    async def _orphans_drained(
+        self, bucket: str, prefix: str, live: Sequence[str], members: Sequence[Member]
+    ) -> bool:
+        """Is every replica under ``prefix`` of a writer not in ``live`` ("node/data dir")
+        uploaded, here and on each of ``members``?"""
+        assert self.lost is not None
+        orphans = DrainRequest(bucket, prefix, 0.0, True, ANY_LOST_WRITER, live_writers=tuple(live))
+        answers = await asyncio.gather(
+            self.lost.local_replicas(orphans), *(self._try_drain(m, orphans) for m in members)
+        )
+        return all(a is not None and a.drained for a in answers)
 
     def _finish(self, hold: Hold, by: str) -> None:
         hold.is_released, hold.released_by = True, by
@@ -342,11 +361,7 @@ class FleetFence:
                 return False
             live.append(f"{member.node_id}/{answer.node.datadir_id}")
             asked.append(member)
-        orphans = DrainRequest(bucket, prefix, 0.0, True, ANY_LOST_WRITER, live_writers=tuple(live))
-        answers = await asyncio.gather(
-            self.lost.local_replicas(orphans), *(self._try_drain(m, orphans) for m in asked)
-        )
-        return all(a is not None and a.drained for a in answers)
+        return await self._orphans_drained(bucket, prefix, live, asked)
 
     async def _try_drain(self, member: Member, request: DrainRequest) -> DrainAnswer | None:
         try:
