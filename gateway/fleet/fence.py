@@ -290,20 +290,28 @@ class FleetFence:
     async def _ask_earlier(self, hold: Hold) -> None:
         """Until no member that answered the hold holds a replica under the directory of
         a writer none of them runs, then settle the hold again."""
-        me = self._membership.me
-        answered = {
-            w.node_id: f"{w.node_id}/{w.answered_datadir}"
-            for w in hold.waiting.values()
-            if w.answered_datadir is not None
-        }
-        members = [m for m in self._membership.active() if m.node_id in answered]
-        live = (f"{me.node_id}/{me.datadir_id}", *answered.values())
         waiting = hold.waiting[_EARLIER_WRITERS]
-        while not await self._orphans_drained(hold.bucket, hold.prefix, live, members):
+        while not await self._earlier_drained(hold):
             waiting.detail = "replicas of lost writers are being uploaded"
             await asyncio.sleep(_RETRY_FIRST_S)
         waiting.state = "done"
         self._settle(hold)
+
+    async def _earlier_drained(self, hold: Hold) -> bool:
+        """The lost-writers question, asked of the members that answered the hold from a
+        data dir not lost since (a lost one's part was its replicas, already waited for)."""
+        assert self.lost is not None
+        me = self._membership.me
+        live, members = [f"{me.node_id}/{me.datadir_id}"], []
+        for w in hold.waiting.values():
+            member = self._membership.get(w.node_id)
+            if w.answered_datadir is None or member is None or member.has_left:
+                continue
+            if self.lost.is_lost(w.node_id, w.answered_datadir):
+                continue
+            live.append(f"{w.node_id}/{w.answered_datadir}")
+            members.append(member)
+        return await self._orphans_drained(hold.bucket, hold.prefix, live, members)
 
     async def _orphans_drained(
         self, bucket: str, prefix: str, live: Sequence[str], members: Sequence[Member]
