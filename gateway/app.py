@@ -21,7 +21,7 @@ import resource
 import signal
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
 from gateway.core.prefetch import Prefetcher
+from gateway.core.writes import remake_replica
 from gateway.errors import S3Error
 from gateway.fleet import api as peer_api
 from gateway.fleet import auth as peer_auth
@@ -53,8 +54,9 @@ from gateway.fleet.api_base import HeldReplicas, PeerSide
 from gateway.fleet.claims import Claimant, Claims
 from gateway.fleet.client import PeerClient
 from gateway.fleet.fence import LostWriters
-from gateway.fleet.membership import parse_peers
+from gateway.fleet.membership import Member, parse_peers
 from gateway.fleet.node import Fleet, FleetConfig
+from gateway.fleet.rereplication import Rereplication
 from gateway.fleet.takeover import Takeover, TakeoverConfig, UploadClaims
 from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo
 from gateway.flush import stuck
@@ -65,6 +67,7 @@ from gateway.flush.gate import GateConfig, RequestGate, build_gate
 from gateway.flush.lanes import LaneConfig
 from gateway.flush.policy import PolicyConfig
 from gateway.flush.window import WindowConfig
+from gateway.models import LocalObject
 from gateway.s3.credentials import CredentialStore
 from gateway.s3.dispatch import S3Services
 from gateway.s3.server import HttpLimits, build_s3_runner
@@ -583,6 +586,21 @@ def _replicas(
     )
     fleet.takeover = takeover
     fleet.claims = UploadClaims(claims, me, journal.may_be_superseded_elsewhere)
+    replication = fleet.replication
+    assert replication is not None
+
+    async def remake(row: LocalObject, holders: Sequence[Member]) -> int:
+        write = replication.remake(row.meta.bucket, row.meta.key, list(holders))
+        return await remake_replica(write, row, blobs)
+
+    fleet.rereplication = Rereplication(
+        replication,
+        fleet.membership,
+        takeover.is_lost,
+        lambda: journal.last_seq,
+        journal.unflushed_after,
+        remake,
+    )
 
 
 def _reachable(host: str) -> str:

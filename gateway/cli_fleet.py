@@ -133,6 +133,11 @@ def format_fleet(data: dict[str, Any]) -> str:
             lines.append(
                 f"  held for {h['writer']}: {h['objects']} objects, {human_bytes(h['bytes'])}{lost}"
             )
+        for r in replicas.get("remaking") or []:
+            how = "back empty" if r.get("wiped") else "silent"
+            lines.append(
+                f"  re-replicating what {r['holder']} held ({how}): {r['sent']} versions sent"
+            )
     held = data.get("held_markers") or []
     lines.append("")
     if held:

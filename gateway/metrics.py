@@ -250,6 +250,12 @@ REPLICA_LAG_S = Histogram(
     buckets=_LATENCY_BUCKETS_S,
     registry=REGISTRY,
 )
+REPLICAS_REMADE = Counter(
+    "gateway_replicas_remade",
+    "Versions of this node sent to a new replica holder after one of their holders was lost "
+    "(silent for --peer-timeout, or back with an empty disk)",
+    registry=REGISTRY,
+)
 TAKEOVERS = Counter(
     "gateway_takeovers",
     "Versions of a lost gateway this node uploaded from its replicas (it won their claim)",

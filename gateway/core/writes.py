@@ -195,6 +195,34 @@ def _retrieved(task: asyncio.Task[None]) -> None:
 async def replicate_local(replica: ReplicaWriter, row: LocalObject, blobs: BlobStore) -> None:
     """Replicate a version whose bodies are already on this node's disk (a copy): its
     commit names bodies the holders lack, and they get them from here (``resend``)."""
+    ids, parts, resend = _stored_bodies(replica, row, blobs)
+    await commit_replicas(replica, replica.holders, row, stage_ids=ids, parts=parts, resend=resend)
+
+
+async def remake_replica(replica: ReplicaWriter, row: LocalObject, blobs: BlobStore) -> int:
+    """Send a version committed here long ago to new holders (one of its holders was
+    lost: fleet/rereplication.py); on how many it committed. A holder that holds it
+    already answers without its bodies."""
+    ids, parts, resend = _stored_bodies(replica, row, blobs)
+    return await replica.commit(
+        replica.holders,
+        row.seq,
+        row.meta,
+        row.acked_s,
+        is_delete=row.is_delete,
+        stage_ids=ids,
+        parts=parts,
+        resend=resend,
+    )
+
+
+def _stored_bodies(
+    replica: ReplicaWriter, row: LocalObject, blobs: BlobStore
+) -> tuple[list[str], list[tuple[int, str]], Callable[[str], AsyncIterator[bytes]]]:
+    """The stage ids of a stored version's bodies, its part list, and how a holder that
+    lacks one of them gets it from this node's disk (or the journal row's inline body)."""
+    if row.is_delete:
+        return [], [], _nothing
     sid = replica.stage_id
     if row.parts:
         ids = [f"{sid}.{n}" for n in range(1, len(row.parts) + 1)]
@@ -211,4 +239,9 @@ async def replicate_local(replica: ReplicaWriter, row: LocalObject, blobs: BlobS
         elif row.body:
             yield row.body  # an inline body lives in the journal row
 
-    await commit_replicas(replica, replica.holders, row, stage_ids=ids, parts=parts, resend=resend)
+    return ids, parts, resend
+
+
+async def _nothing(stage_id: str) -> AsyncIterator[bytes]:
+    return
+    yield b""

@@ -154,6 +154,8 @@ class Membership:
         self.members: dict[str, Member] = {}
         self._self_addresses: set[str] = set()
         self.on_join: list[Callable[[Member], None]] = []
+        # Called with the member and its old data-dir id when it answers from a new one.
+        self.on_new_datadir: list[Callable[[Member, str], None]] = []
         self._saves: set[asyncio.Task[None]] = set()
         self._renewing: dict[str, asyncio.Task[LeaseGrant | None]] = {}
         self._due: dict[str, float] = {}  # node id -> when its next renewal starts
@@ -249,16 +251,19 @@ class Membership:
             for callback in self.on_join:
                 callback(member)
         else:
-            if member.info is not None and member.info.datadir_id != info.datadir_id:
+            old = member.info
+            if member.has_left:
+                log.info("peers: %s is back at %s", info.node_id, address)
+            member.address, member.info, member.has_left = address, info, False
+            if old is not None and old.datadir_id != info.datadir_id:
                 log.warning(
                     "peers: %s answers with a new data dir (%s, was %s): what it held is gone",
                     info.node_id,
                     info.datadir_id,
-                    member.info.datadir_id,
+                    old.datadir_id,
                 )
-            if member.has_left:
-                log.info("peers: %s is back at %s", info.node_id, address)
-            member.address, member.info, member.has_left = address, info, False
+                for on_new in self.on_new_datadir:
+                    on_new(member, old.datadir_id)
         self._save(member)
         return member
 

@@ -23,6 +23,7 @@ from gateway.fleet.fence import FleetFence, Hold, NodeDrain
 from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
 from gateway.fleet.ordering import UploadOrder
 from gateway.fleet.replication import ReplicaPolicy, Replication, ReplicaWrite, rank
+from gateway.fleet.rereplication import Rereplication
 from gateway.fleet.takeover import Takeover, UploadClaims
 from gateway.fleet.transport import PeerHead, PeerRead, PeerTransport, PeerUnavailable
 from gateway.fleet.view import HoldHandle
@@ -87,6 +88,7 @@ class Fleet:
         # claims.
         self.takeover: Takeover | None = None
         self.claims: UploadClaims | None = None
+        self.rereplication: Rereplication | None = None
         if config.replicas > 0:
             policy = ReplicaPolicy(config.replicas, config.replica_strict)
             self.replication = Replication(me, self.membership, transport, policy)
@@ -112,6 +114,10 @@ class Fleet:
         ]
         if self.takeover is not None:
             self._tasks.append(asyncio.create_task(self.takeover.run(), name="fleet takeover"))
+        if self.rereplication is not None:
+            self._tasks.append(
+                asyncio.create_task(self.rereplication.run(), name="fleet re-replication")
+            )
 
     async def _tick(self) -> None:
         while True:
@@ -373,6 +379,9 @@ class Fleet:
                 "copies": self.replication.policy.copies,
                 "policy": "strict" if self.replication.policy.is_strict else "degrade",
                 "held_for": self.takeover.held if self.takeover is not None else [],
+                "remaking": []
+                if self.rereplication is None
+                else self.rereplication.status(),
             },
         }
 

@@ -97,6 +97,12 @@ class Replication:
         small = upload is None and size_hint is not None and size_hint <= SMALL_BODY_BYTES
         return ReplicaWrite(self, bucket, key, holders, upload, is_small=small)
 
+    def remake(self, bucket: str, key: str, holders: list[Member]) -> ReplicaWrite:
+        """A version committed here long ago, sent again to ``holders`` (one of its
+        holders was lost: ``rereplication.py``). Its ``commit`` says on how many it
+        committed and applies no policy: nothing is being acknowledged."""
+        return ReplicaWrite(self, bucket, key, holders, None, is_remake=True)
+
     def _enough(self, copies: int, what: str) -> None:
         if copies >= self.policy.copies:
             return
@@ -125,9 +131,11 @@ class ReplicaWrite:
         upload: tuple[str, int] | None,
         *,
         is_small: bool = False,
+        is_remake: bool = False,
     ) -> None:
         self._replication = replication
         self._is_small = is_small
+        self._is_remake = is_remake
         self.bucket = bucket
         self.key = key
         self.holders = holders
@@ -286,7 +294,8 @@ class ReplicaWrite:
         chosen = [m for m in self.holders if m.node_id in {h.node_id for h in holders}]
         results = await asyncio.gather(*(self._commit_one(m, doc, resend) for m in chosen))
         copies = sum(results)
-        self._replication._enough(copies, f"{meta.bucket}/{meta.key}")
+        if not self._is_remake:
+            self._replication._enough(copies, f"{meta.bucket}/{meta.key}")
         return copies
 
     async def withdraw(self, seq: int) -> bool:

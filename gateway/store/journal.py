@@ -27,6 +27,7 @@ from typing import Any
 from gateway.models import FlushState, LocalObject, ObjectMeta, PartRef
 from gateway.store.engine import ChangeConsumer, FenceCounter, JournalEngine
 from gateway.store.rows import (
+    BODY_COLUMNS,
     COLUMNS,
     IMAGE_COLUMNS,
     RowChange,
@@ -298,6 +299,26 @@ class Journal(JournalEngine):
                 (bucket, after, prefix, *prefix_bytes(prefix), limit),
             ).fetchall()
             return [row_from(r) for r in rows]
+
+        return await self._read(op)
+
+    async def unflushed_after(self, after_seq: int, limit: int) -> list[LocalObject]:
+        """Rows not durable upstream with a seq above ``after_seq``, in seq order, at
+        most ``limit``, with their inline bodies (re-replication's pass over what a lost
+        holder held)."""
+
+        def op(conn: sqlite3.Connection) -> list[LocalObject]:
+            # One indexed range per state (objects_by_state), merged: no sort of them all.
+            rows = [
+                row_from(r)
+                for state in ("pending", "flushing", "failed")
+                for r in conn.execute(
+                    f"SELECT {BODY_COLUMNS} FROM objects WHERE state = ? AND seq > ? "
+                    "ORDER BY seq LIMIT ?",
+                    (state, after_seq, limit),
+                )
+            ]
+            return sorted(rows, key=lambda row: row.seq)[:limit]
 
         return await self._read(op)
 

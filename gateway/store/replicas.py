@@ -159,11 +159,23 @@ class ReplicaStore:
         than one already held (their commits crossed) is not kept: its bodies' blobs.
         ``inline``: (body, now) of a small single body staged by this same commit.
 
+        A version held already (the same writer, data dir and seq) is committed: nothing
+        is missing, and bodies staged for this commit are dropped.
+
         ``is_early``: the writer sent this commit beside its own, which may yet fail: it
         supersedes nothing, and a newer early version does not supersede this one (the
         older versions go when the writer says they are not needed, or at a takeover,
         which uploads the newest of each key: ``newest_of_each_key``)."""
         wanted = dict(zip(stage_ids, [*expected_md5, *([None] * len(stage_ids))], strict=False))
+
+        def is_held(conn: sqlite3.Connection) -> bool:
+            return (
+                conn.execute(
+                    "SELECT 1 FROM replicas WHERE owner = ? AND datadir_id = ? AND seq = ?",
+                    (owner, datadir_id, seq),
+                ).fetchone()
+                is not None
+            )
 
         def staged(conn: sqlite3.Connection, stage_id: str) -> bool:
             row = conn.execute(
@@ -174,6 +186,16 @@ class ReplicaStore:
             return row is not None and (md5 is None or str(row[0]) == md5)
 
         def op(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
+            if is_held(conn):  # sent again (re-replication): its bodies need not come
+                unused = stage_ids and [
+                    s
+                    for (s,) in conn.execute(
+                        "SELECT stage_id FROM replica_bodies WHERE owner = ? AND committed = 0 "
+                        f"AND stage_id IN ({','.join('?' * len(stage_ids))})",
+                        (owner, *stage_ids),
+                    )
+                ]
+                return [], self._drop_staged(conn, unused)
             if inline is not None:
                 body, now_s = inline
                 md5 = hashlib.md5(body).hexdigest()

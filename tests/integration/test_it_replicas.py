@@ -256,6 +256,54 @@ def test_multipart_uploads_are_replicated_and_taken_over(
     assert read_body(upstream.get_object(Bucket=bucket, Key="mp/obj")) == b"".join(parts)
 
 
+def test_a_holder_lost_with_its_disk_is_replicated_again_before_the_writer_goes(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    """Two failures apart: b's holder is wiped and comes back empty; b sends what it held
+    again (small bodies, files, a multipart object's parts); then b is lost with its disk
+    too, and every object still lands from the new copies."""
+    a, b, c = trio
+    upstream = upstream_client(b.upstream_url)
+    b.pause_flush()
+    s3 = b.client()
+    bodies = {f"rr/small{i}": payload(3000 + i, f"s{i}") for i in range(6)}
+    bodies |= {f"rr/big{i}": payload(200_000 + i, f"b{i}") for i in range(2)}
+    for key, body in bodies.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    parts = [payload(5 << 20, "rp1"), payload(1000, "rp2")]
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="rr/mp")["UploadId"]
+    done = [
+        {"PartNumber": n, "ETag": s3.upload_part(
+            Bucket=bucket, Key="rr/mp", UploadId=upload, PartNumber=n, Body=body
+        )["ETag"]}
+        for n, body in enumerate(parts, 1)
+    ]  # fmt: skip
+    mp_etag = s3.complete_multipart_upload(
+        Bucket=bucket, Key="rr/mp", UploadId=upload, MultipartUpload={"Parts": done}
+    )["ETag"]
+    keys = {*bodies, "rr/mp"}
+
+    def held_for_b() -> set[str]:
+        return {k for gw in (a, c) for owner, k in replicas_held(gw) if owner == "b"}
+
+    assert held_for_b() == keys
+    holder = max((a, c), key=lambda gw: sum(owner == "b" for owner, _ in replicas_held(gw)))
+    lost = {k for owner, k in replicas_held(holder) if owner == "b"}
+    holder.kill()
+    shutil.rmtree(holder.data_dir)
+    holder.start()  # back, empty: b answers its new data dir with the versions again
+    until(lambda: held_for_b() == keys, 60)
+    assert b.metric("gateway_replicas_remade") == len(lost)
+    b.kill()
+    shutil.rmtree(b.data_dir)
+    until(lambda: keys <= set(data_objects(upstream, bucket, "rr/")), 90)
+    for key, body in bodies.items():
+        got = upstream.get_object(Bucket=bucket, Key=key)
+        assert read_body(got) == body and got["ETag"] == quoted_md5(body), key
+    assert upstream.head_object(Bucket=bucket, Key="rr/mp")["ETag"] == mp_etag
+    assert read_body(upstream.get_object(Bucket=bucket, Key="rr/mp")) == b"".join(parts)
+
+
 def test_the_control_prefix_is_never_listed_or_served(
     trio: list[GatewayProcess], bucket: str
 ) -> None:

@@ -35,7 +35,9 @@ from virtual_time import LoopClock
 
 from gateway.fleet.claims import Claimant, Claims
 from gateway.fleet.fence import LostWriters
+from gateway.fleet.membership import Member
 from gateway.fleet.replication import ReplicaPolicy, Replication
+from gateway.fleet.rereplication import Rereplication
 from gateway.fleet.takeover import Takeover, TakeoverConfig, UploadClaims
 from gateway.fleet.wire import DrainAnswer, DrainRequest, ReplicaCommit
 from gateway.models import FlushState, LocalObject, ObjectMeta
@@ -165,6 +167,7 @@ class SqlJournal:
 @dataclass
 class ReplicaDisk(Disk):
     journal: SqlJournal = field(default_factory=SqlJournal)
+    bodies: dict[int, bytes] = field(default_factory=dict)  # by seq: a row's body
 
 
 class NoBlobs:
@@ -272,19 +275,53 @@ class ReplicaNode(SimNode):
         )
         self.uploads = 0
         self.in_flight: set[int] = set()  # seqs handed out, not committed (process memory)
+        self.rereplication = Rereplication(
+            self.replication,
+            self.fleet.membership,
+            self.takeover.is_lost,
+            lambda: self.disk.next_seq - 1,
+            self._pending_after,
+            self._remake,
+        )
 
     async def start(self) -> None:
         await super().start()
-        self.spawn(self._takeover_rounds())
+        self.spawn(self._rounds(self.takeover.round, 1.0))
+        self.spawn(self._rounds(self.rereplication.round, 2.0))
 
-    async def _takeover_rounds(self) -> None:
-        """``Takeover.run`` while the node is up (see ``_flush_loop``)."""
+    async def _rounds(self, one: Callable[[], Any], every_s: float) -> None:
+        """``Takeover.run``, ``Rereplication.run`` while the node is up (see
+        ``_flush_loop``)."""
         while self.is_up:
             try:
-                await self.takeover.round()
-            except Exception:  # as Takeover.run: logged, the next round runs
-                logging.getLogger(__name__).exception("takeover round failed")
-            await asyncio.sleep(1.0)
+                await one()
+            except Exception:  # as their run: logged, the next round runs
+                logging.getLogger(__name__).exception("%s failed", one)
+            await asyncio.sleep(every_s)
+
+    # -- re-replication ---------------------------------------------------------------------
+
+    async def _pending_after(self, after_seq: int, limit: int) -> list[LocalObject]:
+        """As Journal.unflushed_after."""
+        rows = sorted((r for r in self.disk.pending.values() if r.seq > after_seq), key=_seq)
+        return [self._local(r) for r in rows[:limit]]
+
+    async def _remake(self, obj: LocalObject, holders: Sequence[Member]) -> int:
+        """As app.py's ``remake`` (core/writes.py ``remake_replica``): the commit, and
+        the body to a holder that lacks it."""
+        body = self.disk.bodies.get(obj.seq, b"")
+        write = self.replication.remake(BUCKET, obj.meta.key, list(holders))
+        return int(
+            await write.commit(
+                holders,
+                obj.seq,
+                self._meta_of(obj, len(body)),
+                obj.acked_s,
+                is_delete=obj.is_delete,
+                stage_ids=() if obj.is_delete else [write.stage_id],
+                resend=lambda stage_id: _one(body),
+            )
+        )
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -315,6 +352,7 @@ class ReplicaNode(SimNode):
                 try:
                     commit = self.spawn(self._commit(replica, holders, early, len(body), True))
                     await asyncio.sleep(LOCAL_COMMIT_S)
+                    self.disk.bodies[seq] = body
                     row = self._published(self._record(key, md5, False, early))
                 finally:
                     self.in_flight.discard(seq)
@@ -346,6 +384,11 @@ class ReplicaNode(SimNode):
         return LocalObject(
             meta, row.seq, FlushState.PENDING, None, row.is_delete, acked_s=row.acked_s
         )
+
+    @staticmethod
+    def _meta_of(obj: LocalObject, size_bytes: int) -> ObjectMeta:
+        meta = obj.meta
+        return ObjectMeta(BUCKET, meta.key, size_bytes, meta.etag, meta.last_modified_s)
 
     # -- the flusher ------------------------------------------------------------------------
 
@@ -432,6 +475,10 @@ class ReplicaNode(SimNode):
 
 async def _one(body: bytes) -> AsyncIterator[bytes]:
     yield body
+
+
+def _seq(row: Row) -> int:
+    return row.seq
 
 
 # ------------------------------------------------------------------------------ a fleet

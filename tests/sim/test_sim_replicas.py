@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import json
 import os
 from collections import defaultdict
 from collections.abc import Coroutine
@@ -42,13 +43,10 @@ class Ledger:
     steps: dict[int, list[str]] = field(default_factory=dict)  # acked shards of each step
     counter: itertools.count[int] = field(default_factory=itertools.count)
 
-    started_s: dict[str, float] = field(default_factory=dict)  # body -> when its PUT began
-
     def body(self, key: str) -> str:
         body = f"{key}#{next(self.counter)}"
         self.order[body] = len(self.attempts[key])
         self.attempts[key].append((body, False))
-        self.started_s[body] = asyncio.get_running_loop().time()
         return body
 
     def acked(self, key: str, body: str) -> None:
@@ -70,9 +68,9 @@ async def request(node: ReplicaNode, key: str, body: str) -> Row | None:
 @dataclass
 class Faults:
     """Random trouble, one failure at a time: a node is killed or wiped only once every
-    node is up and everything acknowledged before the last wipe is in the bucket (a wiped
-    node's writes live on one copy until then); partitions and paused flushers at any
-    time."""
+    node is up and every acknowledged version not in the bucket yet has two copies again
+    (a failure takes one; its writer re-replicates what a lost holder held, holders take
+    over what a lost writer held); partitions and paused flushers at any time."""
 
     fleet: ReplicaFleet
     ledger: Ledger
@@ -80,23 +78,24 @@ class Faults:
     wipes: int = 0
     cuts: int = 0
     takeovers_possible: int = 0
-    last_wipe_s: float = float("-inf")
     events: list[tuple[float, str]] = field(default_factory=list)
 
     def note(self, what: str) -> None:
         self.events.append((asyncio.get_running_loop().time(), what))
 
     def _may_fail(self) -> bool:
-        """Whether every acknowledged write begun before the last wipe is upstream: also
-        those acknowledged after it (a PutObject's replica is committed beside the
-        writer's own commit, so a holder wiped during that commit held the copy its
-        acknowledgement counted)."""
-        return all(
-            _upstream(self.fleet, self.ledger, key, body)
-            for key, tries in self.ledger.attempts.items()
-            for body, ok in tries
-            if ok and self.ledger.started_s[body] <= self.last_wipe_s
-        )
+        """Whether every key's newest acknowledged version not in the bucket yet has two
+        copies on nodes that are up (the writer's row, replicas; a later version of the key
+        counts too): then one more failure loses nothing. A version whose holder was lost
+        is down to one copy until its writer re-replicates it (or uploads it)."""
+        for key, tries in self.ledger.attempts.items():
+            acked = [i for i, (_, ok) in enumerate(tries) if ok]
+            if not acked or _upstream(self.fleet, self.ledger, key, tries[acked[-1]][0]):
+                continue
+            etags = {hashlib.md5(body.encode()).hexdigest() for body, _ in tries[acked[-1] :]}
+            if len(_copies(self.fleet, key, etags)) < 2:
+                return False
+        return True
 
     async def run(self, until_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -108,7 +107,6 @@ class Faults:
             may_fail = self._may_fail()
             if what < 0.3 and may_fail:
                 self.wipes += 1
-                self.last_wipe_s = loop.time()
                 self.note(f"wipe {name}")
                 self.fleet.nodes[name].kill()
                 await asyncio.sleep(rng.uniform(0.0, 2.5 * PEER_TIMEOUT_S))
@@ -147,6 +145,24 @@ def _all_upstream(fleet: ReplicaFleet, ledger: Ledger) -> bool:
         if acked and not _upstream(fleet, ledger, key, acked[-1]):
             return False
     return True
+
+
+def _copies(fleet: ReplicaFleet, key: str, etags: set[str]) -> set[str]:
+    """The nodes up that hold one of these versions of ``key``: their own row not durable
+    yet, or a replica."""
+    out = set()
+    for name, node in fleet.nodes.items():
+        if not node.is_up:
+            continue
+        row = node.disk.pending.get(key)
+        if row is not None and row.value in etags:
+            out.add(name)
+        replicas = fleet.node(name).disk.journal.conn.execute(
+            "SELECT meta FROM replicas WHERE key = ?", (key,)
+        )
+        if any(json.loads(meta)["etag"] in etags for (meta,) in replicas):
+            out.add(name)
+    return out
 
 
 def _upstream(fleet: ReplicaFleet, ledger: Ledger, key: str, body: str) -> bool:
@@ -317,3 +333,44 @@ def test_a_marker_waits_for_the_replicas_of_a_writer_wiped_before_it() -> None:
     arrived = run(_marker_after_a_wipe())
     assert sorted(arrived) == sorted(["ckpt/0/c_0", "ckpt/0/c_1", f"ckpt/0/{MARKER}"])
     assert arrived[-1] == f"ckpt/0/{MARKER}", arrived
+
+
+async def _holder_then_writer(*, wipe_holder: bool) -> tuple[dict[str, int], list[str]]:
+    """Keys through a (its flusher paused: nothing drains); the holder b lost (wiped and
+    back, or silent past the peer timeout); a while later a wiped as well. Copies of each
+    key just before a's wipe (on nodes up), and the keys missing from the bucket at the
+    end."""
+    fleet = ReplicaFleet(3, 2, upload_s=(0.2, 0.2), peer_timeout_s=PEER_TIMEOUT_S)
+    await fleet.start()
+    ledger = Ledger()
+    fleet.node("a").is_paused = True
+    keys = [f"ckpt/0/a_{i}" for i in range(24)]
+    for key in keys:
+        assert await request(fleet.node("a"), key, ledger.body(key)) is not None
+    if wipe_holder:
+        await fleet.restart("b", wipe=True)
+        await asyncio.sleep(8.0)
+    else:
+        fleet.nodes["b"].kill()
+        await asyncio.sleep(PEER_TIMEOUT_S + 8.0)
+    etags = {k: {hashlib.md5(b.encode()).hexdigest() for b, _ in ledger.attempts[k]} for k in keys}
+    copies = {k: len(_copies(fleet, k, etags[k])) for k in keys}
+    await fleet.restart("a", wipe=True)
+    await settle(fleet, 600.0)
+    for _ in range(120):  # the takeovers of what a held
+        missing = [k for k in keys if not _upstream(fleet, ledger, k, ledger.attempts[k][0][0])]
+        if not missing:
+            break
+        await asyncio.sleep(1.0)
+    await fleet.close()
+    return copies, missing
+
+
+@pytest.mark.parametrize("wipe_holder", [True, False], ids=["holder wiped", "holder silent"])
+def test_a_lost_holders_versions_are_replicated_again(wipe_holder: bool) -> None:
+    """Two failures minutes apart: the holder's loss leaves the writer's versions on one
+    copy until the writer sends them to a holder again; the writer's loss after that
+    loses nothing."""
+    copies, missing = run(_holder_then_writer(wipe_holder=wipe_holder))
+    assert set(copies.values()) == {2}, copies
+    assert not missing, missing

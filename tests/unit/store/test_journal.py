@@ -237,6 +237,26 @@ async def test_a_replica_holder_keeps_versions_a_pending_row_superseded(
     assert await journal.unflushed_seqs([v1.seq, v2.seq, v3.seq, other.seq]) == {other.seq}
 
 
+async def test_unflushed_after_lists_every_row_not_durable_in_seq_order(
+    journal: Journal, queue: FlushQueue
+) -> None:
+    """Re-replication's pass: pending, flushing and failed rows above a seq, in seq order,
+    a page at a time; durable rows left out."""
+    rows = [(await journal.commit_put(meta(f"k{i}"), f"b{i}", 1.0))[0] for i in range(6)]
+    await queue.claim([rows[1].seq])
+    await queue.mark_failed((await queue.claim([rows[3].seq]))[0], "refused")
+    assert await queue.mark_durable((await queue.claim([rows[4].seq]))[0])
+    page = await journal.unflushed_after(0, 3)
+    assert [r.seq for r in page] == [rows[0].seq, rows[1].seq, rows[2].seq]
+    assert [r.state.value for r in page] == ["pending", "flushing", "pending"]
+    rest = await journal.unflushed_after(page[-1].seq, 3)
+    assert [r.seq for r in rest] == [rows[3].seq, rows[5].seq]
+    assert await journal.unflushed_after(rows[5].seq, 3) == []
+    await journal.commit_put(meta("small", size=5), None, 1.0, body=b"small")
+    [got] = await journal.unflushed_after(rows[5].seq, 3)
+    assert got.body == b"small"  # what a new holder lacking it gets
+
+
 async def test_a_seq_is_handed_out_as_the_commit_is_queued_in_commit_order(
     journal: Journal,
 ) -> None:

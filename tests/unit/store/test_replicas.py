@@ -103,3 +103,21 @@ async def test_newest_of_each_key_is_per_writer_and_data_dir(journal: Journal) -
     held = [r for o, d, *_ in await store.owners() for r in await store.of_owner(o, d)]
     newest, older = newest_of_each_key(held)
     assert (len(newest), older) == (3, [])
+
+
+async def test_a_version_held_already_is_committed_without_its_bodies(journal: Journal) -> None:
+    """Re-replication sends versions again to every holder it now chooses: one that holds
+    it answers at once (nothing missing), keeps what it had, and drops a body staged for
+    the second commit."""
+    store = ReplicaStore(journal)
+    assert await _commit_inline(store, 1, "k", b"hello") == []
+    meta = _meta("k", b"hello")
+    # Not staged under the new stage id, yet nothing is missing: no body is asked for.
+    assert await store.commit("w", "d", 1, meta, False, ["again"], [], 11.0) == ([], [])
+    await store.stage("again", "w", "bkt", "k", None, 5, meta.etag, None, 1.0, None, b"hello")
+    assert await store.commit("w", "d", 1, meta, False, ["again"], [], 11.0) == ([], [])
+    [replica] = await store.for_key("bkt", "k")
+    assert (replica.seq, replica.body) == (1, b"hello")
+    assert journal.figures.replica_bytes == 5  # the second staging was dropped
+    # Another data dir of the same writer is another version.
+    assert await store.commit("w", "d2", 1, meta, False, ["x"], [], 11.0) == (["x"], [])

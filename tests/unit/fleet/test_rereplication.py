@@ -1,0 +1,141 @@
+"""Re-replication (``fleet/rereplication.py``): which versions a writer sends again when
+one of their holders is lost, to whom, and how a pass goes on. The whole in the simulator
+(tests/sim/test_sim_replicas.py) and over real sockets (tests/integration/
+test_it_replicas.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.cli_fleet import format_fleet
+from gateway.fleet.membership import Member
+from gateway.fleet.replication import ReplicaPolicy, Replication, choose
+from gateway.fleet.rereplication import _TRIES, Rereplication
+from gateway.fleet.wire import NodeInfo
+from gateway.models import FlushState, LocalObject, ObjectMeta
+
+ME = NodeInfo("w", "dw", 1.0)
+
+
+class _Members:
+    """The membership surface re-replication uses."""
+
+    def __init__(self, *names: str) -> None:
+        self.members = {n: Member(n, f"{n}:9000", NodeInfo(n, f"d{n}", 1.0)) for n in names}
+        for m in self.members.values():
+            m.note_ok()
+        self.on_new_datadir: list[Any] = []
+
+    def active(self) -> list[Member]:
+        return [m for m in self.members.values() if not m.has_left]
+
+    def get(self, node_id: str) -> Member | None:
+        return self.members.get(node_id)
+
+    def wipe(self, node_id: str) -> None:
+        member = self.members[node_id]
+        old = member.info
+        assert old is not None
+        member.info = NodeInfo(node_id, "new", 2.0)
+        for callback in self.on_new_datadir:
+            callback(member, old.datadir_id)
+
+
+class _World:
+    def __init__(self, keys: int = 40) -> None:
+        self.members = _Members("a", "b", "c")
+        fake: Any = self.members
+        self.replication = Replication(ME, fake, fake, ReplicaPolicy(1))
+        self.rows = [_row(f"k{i}", i + 1) for i in range(keys)]
+        self.lost: set[str] = set()
+        self.sent: list[tuple[str, list[str]]] = []
+        self.refuse: set[str] = set()  # holders whose commits fail
+        self.rere = Rereplication(
+            self.replication,
+            fake,
+            lambda node: node in self.lost,
+            lambda: len(self.rows),
+            self.pending,
+            self.send,
+        )
+
+    async def pending(self, after_seq: int, limit: int) -> list[LocalObject]:
+        return [r for r in self.rows if r.seq > after_seq][:limit]
+
+    async def send(self, row: LocalObject, holders: Sequence[Member]) -> int:
+        self.sent.append((row.meta.key, [h.node_id for h in holders]))
+        return sum(h.node_id not in self.refuse for h in holders)
+
+    def holder_of(self, key: str, names: Sequence[str]) -> str:
+        members = [self.members.members[n] for n in names]
+        return choose(members, "bkt", key, 1, None)[0].node_id
+
+
+def _row(key: str, seq: int) -> LocalObject:
+    meta = ObjectMeta("bkt", key, 3, "0" * 32, 10.0)
+    return LocalObject(meta, seq, FlushState.PENDING, None, acked_s=10.0)
+
+
+async def test_a_silent_holders_versions_go_to_the_next_holder_once() -> None:
+    world = _World()
+    b = world.members.members["b"]
+    b.note_failure(0.0, "refused")
+    world.lost.add("b")
+    await world.rere.round()
+    held_by_b = [r.meta.key for r in world.rows if world.holder_of(r.meta.key, "abc") == "b"]
+    assert held_by_b and len(held_by_b) < len(world.rows)
+    assert world.sent == [(k, [world.holder_of(k, "ac")]) for k in held_by_b]
+    assert world.rere.events == {}  # through
+    await world.rere.round()  # still silent: the same loss is not a new event
+    assert len(world.sent) == len(held_by_b)
+
+
+async def test_a_holder_back_with_its_copies_ends_the_event() -> None:
+    world = _World()
+    b = world.members.members["b"]
+    b.note_failure(0.0, "refused")
+    world.lost.add("b")
+    held_by_b = [r for r in world.rows if world.holder_of(r.meta.key, "abc") == "b"]
+    world.refuse = {"a", "c"}  # the pass stops at the first version
+    await world.rere.round()
+    assert len(world.sent) == 1 and "b" in world.rere.events
+    world.lost.clear()
+    b.note_ok()  # back, same data dir: it has them
+    await world.rere.round()
+    assert world.rere.events == {} and len(world.sent) == 1 and len(held_by_b) > 1
+
+
+async def test_a_wiped_holder_gets_its_versions_again_and_a_failed_send_is_retried() -> None:
+    world = _World()
+    world.members.wipe("c")
+    status = world.rere.status()
+    assert status == [{"holder": "c", "wiped": True, "sent": 0}]
+    shown = format_fleet(
+        {"node": "w", "datadir_id": "dw", "members": [], "replicas": {"copies": 1, "policy": "strict",
+         "remaking": status}}
+    )  # fmt: skip
+    assert "re-replicating what c held (back empty): 0 versions sent" in shown
+    held_by_c = [r.meta.key for r in world.rows if world.holder_of(r.meta.key, "abc") == "c"]
+    world.refuse = {"c"}
+    for _ in range(3):
+        await world.rere.round()
+    assert world.sent == [(held_by_c[0], ["c"])] * 3  # the same version, round after round
+    world.refuse = set()
+    await world.rere.round()
+    assert world.sent[3:] == [(k, ["c"]) for k in held_by_c]
+    assert world.rere.events == {}
+
+
+async def test_a_version_no_holder_takes_is_left_after_some_rounds() -> None:
+    world = _World(keys=12)
+    world.members.wipe("a")
+    held_by_a = [r.meta.key for r in world.rows if world.holder_of(r.meta.key, "abc") == "a"]
+    world.refuse = {"a"}
+    for _ in range(_TRIES + 1):
+        await world.rere.round()
+    # The last of those rounds gave up on the first and went on to the next version.
+    assert [k for k, _ in world.sent] == [held_by_a[0]] * (_TRIES + 1) + [held_by_a[1]]
+    world.refuse = set()
+    await world.rere.round()
+    assert [k for k, _ in world.sent[_TRIES + 2 :]] == held_by_a[1:]
