@@ -111,10 +111,8 @@ async def test_a_wiped_holder_gets_its_versions_again_and_a_failed_send_is_retri
     world.members.wipe("c")
     status = world.rere.status()
     assert status == [{"holder": "c", "wiped": True, "sent": 0}]
-    shown = format_fleet(
-        {"node": "w", "datadir_id": "dw", "members": [], "replicas": {"copies": 1, "policy": "strict",
-         "remaking": status}}
-    )  # fmt: skip
+    replicas = {"copies": 1, "policy": "strict", "remaking": status}
+    shown = format_fleet({"node": "w", "datadir_id": "dw", "members": [], "replicas": replicas})
     assert "re-replicating what c held (back empty): 0 versions sent" in shown
     held_by_c = [r.meta.key for r in world.rows if world.holder_of(r.meta.key, "abc") == "c"]
     world.refuse = {"c"}
