@@ -379,9 +379,7 @@ class Fleet:
                 "copies": self.replication.policy.copies,
                 "policy": "strict" if self.replication.policy.is_strict else "degrade",
                 "held_for": self.takeover.held if self.takeover is not None else [],
-                "remaking": []
-                if self.rereplication is None
-                else self.rereplication.status(),
+                "remaking": [] if self.rereplication is None else self.rereplication.status(),
             },
         }
 
