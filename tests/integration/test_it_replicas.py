@@ -61,6 +61,22 @@ def replicas_held(gw: GatewayProcess) -> list[tuple[str, str]]:
         conn.close()
 
 
+def multipart_put(s3: Any, bucket: str, key: str, parts: list[bytes]) -> str:
+    """A multipart upload of ``parts``, completed: its ETag."""
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    done = [
+        {"PartNumber": n, "ETag": s3.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=body
+        )["ETag"]}
+        for n, body in enumerate(parts, 1)
+    ]  # fmt: skip
+    return str(
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": done}
+        )["ETag"]
+    )
+
+
 @pytest.fixture
 def trio(moto_server: str, tmp_path: Path) -> Iterator[list[GatewayProcess]]:
     gateways = fleet_of(tmp_path, moto_server, ("a", "b", "c"), REPLICAS)
@@ -238,16 +254,7 @@ def test_multipart_uploads_are_replicated_and_taken_over(
     b.pause_flush()
     s3 = b.client()
     parts = [payload(5 << 20, "p1"), payload(1000, "p2")]
-    upload = s3.create_multipart_upload(Bucket=bucket, Key="mp/obj")["UploadId"]
-    done = [
-        {"PartNumber": n, "ETag": s3.upload_part(
-            Bucket=bucket, Key="mp/obj", UploadId=upload, PartNumber=n, Body=body
-        )["ETag"]}
-        for n, body in enumerate(parts, 1)
-    ]  # fmt: skip
-    etag = s3.complete_multipart_upload(
-        Bucket=bucket, Key="mp/obj", UploadId=upload, MultipartUpload={"Parts": done}
-    )["ETag"]
+    etag = multipart_put(s3, bucket, "mp/obj", parts)
     b.kill()
     shutil.rmtree(b.data_dir)
     until(lambda: "mp/obj" in data_objects(upstream, bucket), 60)
@@ -271,16 +278,7 @@ def test_a_holder_lost_with_its_disk_is_replicated_again_before_the_writer_goes(
     for key, body in bodies.items():
         s3.put_object(Bucket=bucket, Key=key, Body=body)
     parts = [payload(5 << 20, "rp1"), payload(1000, "rp2")]
-    upload = s3.create_multipart_upload(Bucket=bucket, Key="rr/mp")["UploadId"]
-    done = [
-        {"PartNumber": n, "ETag": s3.upload_part(
-            Bucket=bucket, Key="rr/mp", UploadId=upload, PartNumber=n, Body=body
-        )["ETag"]}
-        for n, body in enumerate(parts, 1)
-    ]  # fmt: skip
-    mp_etag = s3.complete_multipart_upload(
-        Bucket=bucket, Key="rr/mp", UploadId=upload, MultipartUpload={"Parts": done}
-    )["ETag"]
+    mp_etag = multipart_put(s3, bucket, "rr/mp", parts)
     keys = {*bodies, "rr/mp"}
 
     def held_for_b() -> set[str]:
