@@ -201,6 +201,9 @@ class ReplicaWrite:
             if send.done():  # it failed (a holder never answers before the end)
                 self._fail(node, send)
                 continue
+            if not queue.full():  # the usual case: no task, no timer for this piece
+                queue.put_nowait(piece)
+                continue
             put = asyncio.ensure_future(queue.put(piece))
             done, _ = await asyncio.wait(
                 {put, send}, timeout=_BODY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
