@@ -11,6 +11,10 @@ Legs (``--legs``, all by default):
 - ``takeover``: objects written through a gateway that is then killed and its disk wiped;
   seconds until the last is in the bucket, against ``--peer-timeout`` plus twice the time
   the same objects take to drain from a live gateway (measured first). Target: within.
+- ``rereplicate``: nothing drains; a holder of a gateway's versions is lost (wiped and back
+  at once; then, in a second fleet, silent past ``--peer-timeout``): seconds until every
+  version is on a live holder again; then the writer is wiped too, and every object must
+  be in the bucket with its ETag (target: 0 lost).
 - ``killwipe``: ``--points`` times, a burst through all three gateways and, at a random
   moment, one of them killed (``kill -9``) and its disk wiped; then every acknowledged
   object must be in the bucket with its ETag. Prints how many were lost (target: 0).
@@ -24,6 +28,7 @@ import argparse
 import json
 import random
 import shutil
+import sqlite3
 import statistics
 import sys
 import threading
@@ -211,6 +216,95 @@ def leg_takeover(base: Path, url: str, objects: int, size: int) -> dict[str, Any
     return {"took_s": took_s, "transfer_s": transfer_s, "bound_s": bound}
 
 
+# ------------------------------------------------------------------------------ re-replication
+
+
+def held_for(gws: Sequence[GatewayProcess], writer: str) -> set[str]:
+    """Keys the gateways ``gws`` hold replicas of for ``writer`` (their journals, read-only)."""
+    out: set[str] = set()
+    for gw in gws:
+        conn = sqlite3.connect(f"file:{gw.data_dir / 'journal.db'}?mode=ro", uri=True)
+        try:
+            out |= {
+                str(k)
+                for (k,) in conn.execute("SELECT key FROM replicas WHERE owner = ?", (writer,))
+            }
+        finally:
+            conn.close()
+    return out
+
+
+def leg_rereplicate(base: Path, url: str, objects: int, *, wipe: bool) -> dict[str, Any]:
+    """A holder of a's versions lost (wiped and back at once, or silent), nothing drained
+    meanwhile: seconds until every version of a's is on a live holder again; then a lost
+    with its disk as well, and every object must land from the new copies."""
+    up = upstream_client(url)
+    how = "wiped" if wipe else "silent"
+    bucket = f"rep-remake-{how}"
+    up.create_bucket(Bucket=bucket)
+    names = ("a", "b", "c")
+    fleet = fleet_of(base / f"remake-{how}", url, names, REPLICAS)
+    start(fleet, names)
+    a = fleet[0]
+    rng = random.Random(7)
+    want: dict[str, str] = {}
+    try:
+        for gw in fleet:
+            gw.pause_flush()
+        started = time.monotonic()
+        s3 = a.client()
+        for i in range(objects):
+            key = f"rr/{i}"
+            body = payload(rng.choice((1000, 20_000, 300_000)), key)
+            want[key] = s3.put_object(Bucket=bucket, Key=key, Body=body)["ETag"]
+        write_s = time.monotonic() - started
+        holder = max(fleet[1:], key=lambda gw: len(held_for([gw], "a")))
+        others = [gw for gw in fleet[1:] if gw is not holder]
+        on_holder = len(held_for([holder], "a"))
+        holder.kill()
+        lost_at = time.monotonic()
+        if wipe:
+            shutil.rmtree(holder.data_dir)
+            holder.start(timeout=60)
+            live = fleet[1:]
+        else:
+            live = others
+        until(lambda: held_for(live, "a") >= set(want), 300)
+        remake_s = time.monotonic() - lost_at
+        a.kill()
+        shutil.rmtree(a.data_dir)
+        for gw in live:
+            gw.resume_flush()
+
+        def arrived() -> bool:
+            there = data_objects(up, bucket)
+            return all(there.get(k) == e for k, e in want.items())
+
+        try:
+            until(arrived, 300)
+            lost = 0
+        except AssertionError:
+            there = data_objects(up, bucket)
+            lost = sum(there.get(k) != e for k, e in want.items())
+    finally:
+        for gw in fleet:
+            gw.stop()
+    wait = "" if wipe else f" (--peer-timeout {PEER_TIMEOUT_S} s of it)"
+    say(
+        f"re-replication, holder {how}: {on_holder} of {objects} versions on it, all on live "
+        f"holders again {remake_s:.1f} s after its loss{wait} (writing them took "
+        f"{write_s:.1f} s); then the writer wiped too: {lost} lost (target 0: "
+        f"{'met' if lost == 0 else 'NOT met'})"
+    )
+    return {
+        "on_holder": on_holder,
+        "objects": objects,
+        "remake_s": remake_s,
+        "write_s": write_s,
+        "lost": lost,
+    }
+
+
 # ------------------------------------------------------------------------------ kill and wipe
 
 
@@ -295,7 +389,8 @@ def leg_killwipe(base: Path, url: str, points: int, seed: int) -> dict[str, Any]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--legs", default="ack,ingest,takeover,killwipe")
+    parser.add_argument("--legs", default="ack,ingest,takeover,rereplicate,killwipe")
+    parser.add_argument("--objects", type=int, default=400, help="versions (rereplicate)")
     parser.add_argument("-n", type=int, default=300, help="PUTs per size and gateway (ack)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--points", type=int, default=50)
@@ -314,6 +409,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report["ingest"] = leg_ingest(base, url, args.rounds)
             if "takeover" in legs:
                 report["takeover"] = leg_takeover(base, url, 20, 2 * MiB)
+            if "rereplicate" in legs:
+                report["rereplicate"] = {
+                    how: leg_rereplicate(base, url, args.objects, wipe=how == "wiped")
+                    for how in ("wiped", "silent")
+                }
             if "killwipe" in legs:
                 report["killwipe"] = leg_killwipe(base, url, args.points, args.seed)
     finally:
