@@ -280,12 +280,14 @@ def leg_rereplicate(base: Path, url: str, objects: int, *, wipe: bool) -> dict[s
             there = data_objects(up, bucket)
             return all(there.get(k) == e for k, e in want.items())
 
+        writer_lost_at = time.monotonic()
         try:
-            until(arrived, 300)
+            until(arrived, 900)
             lost = 0
         except AssertionError:
             there = data_objects(up, bucket)
             lost = sum(there.get(k) != e for k, e in want.items())
+        takeover_s = time.monotonic() - writer_lost_at
     finally:
         for gw in fleet:
             gw.stop()
@@ -294,7 +296,7 @@ def leg_rereplicate(base: Path, url: str, objects: int, *, wipe: bool) -> dict[s
         f"re-replication, holder {how}: {on_holder} of {objects} versions on it, all on live "
         f"holders again {remake_s:.1f} s after its loss{wait} (writing them took "
         f"{write_s:.1f} s); then the writer wiped too: {lost} lost (target 0: "
-        f"{'met' if lost == 0 else 'NOT met'})"
+        f"{'met' if lost == 0 else 'NOT met'}), all in the bucket {takeover_s:.1f} s later"
     )
     return {
         "on_holder": on_holder,
@@ -302,6 +304,7 @@ def leg_rereplicate(base: Path, url: str, objects: int, *, wipe: bool) -> dict[s
         "remake_s": remake_s,
         "write_s": write_s,
         "lost": lost,
+        "takeover_s": takeover_s,
     }
 
 

@@ -20,6 +20,7 @@ import io
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
@@ -27,19 +28,23 @@ from gateway.fleet.claims import Claims, Outcome, Version
 from gateway.fleet.membership import Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
 from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest, NodeInfo
-from gateway.models import LocalObject
+from gateway.models import LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore, close_bodies, open_bodies
 from gateway.store.replicas import Replica, ReplicaStore, newest_of_each_key
 from gateway.upstream.classify import ConditionFailed, FlushError
 from gateway.upstream.client import AiobotocoreUpstream, PartSource, unchanged_since
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _ROUND_S = 1.0  # how often lost writers are looked for (and held replicas counted)
 _NEEDED_EVERY_S = 30.0  # how often a live writer is asked which replicas it still needs
 _STAGED_TTL_S = 24 * 3600.0  # a staged body never committed is dropped after this
 # A version is older than what the bucket holds when the bucket's copy was written this
 # long after the version's acknowledgement (the clocks of the bucket and the writer differ).
 _NEWER_MARGIN_S = 2.0
+# Versions taken over at once by one node (each a claim, a look and an upload; the request
+# gate, when there is one, bounds what is in flight and paces it with the node's own).
+_CONCURRENCY = 64
 
 
 class Decision(enum.Enum):
@@ -107,6 +112,14 @@ class UploadClaims:
         await self._claims.done(self._version(obj))
 
 
+class SendGate(Protocol):
+    """The flusher's flow control (``flush/gate.py``) for a request of no claimed row."""
+
+    def early_request(
+        self, bucket: str, key: str, order: int, size_bytes: int, send: Callable[[], Awaitable[T]]
+    ) -> Awaitable[T]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class TakeoverConfig:
     peer_timeout_s: float = 30.0
@@ -149,6 +162,8 @@ class Takeover:
         self._unfinished: set[tuple[str, str, int]] = set()
         # Replicas held here, by writer, as of the last round (the status says so).
         self.held: list[dict[str, object]] = []
+        # The flusher's request gate (set by the composition root once it is built).
+        self.gate: SendGate | None = None
 
     def is_lost(
         self, node_id: str, datadir_id: str | None = None, alive_at_s: float | None = None
@@ -301,12 +316,16 @@ class Takeover:
             await self._blobs.discard(
                 await self._store.drop(owner, datadir, [r.seq for r in older])
             )
-        for replica in newest:
-            if replica.is_uploaded:
-                continue
-            if self._config.is_marker(replica.meta.key) and self._wait_drained is not None:
-                continue  # markers go last: see take_over_markers
-            await self._take_one(replica)
+        # Markers go last (below); the rest at once, a bounded number at a time: a lost
+        # node may have left thousands of versions, and each takes a few requests.
+        await self._take_all(
+            [
+                r
+                for r in newest
+                if not r.is_uploaded
+                and not (self._config.is_marker(r.meta.key) and self._wait_drained is not None)
+            ]
+        )
         for replica in await self._store.of_owner(owner, datadir):
             if not replica.is_uploaded and self._config.is_marker(replica.meta.key):
                 parent = replica.meta.key.rpartition("/")[0] + "/"
@@ -314,6 +333,27 @@ class Takeover:
                 me = f"{self._me.node_id}/{self._me.datadir_id}"
                 if await self._wait_drained(replica.meta.bucket, parent, me):
                     await self._take_one(replica)  # else: its directory is not drained yet
+
+    async def _take_all(self, replicas: list[Replica]) -> None:
+        """``_take_one`` of each, ``_CONCURRENCY`` at a time (different keys: the newest
+        version of each). An unexpected error of one is logged; the others go on."""
+        room = asyncio.Semaphore(_CONCURRENCY)
+
+        async def one(replica: Replica) -> None:
+            async with room:
+                await self._take_one(replica)
+
+        results = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
+        for replica, result in zip(replicas, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                log.error(
+                    "takeover of %s/%s failed (next round)",
+                    replica.meta.bucket,
+                    replica.meta.key,
+                    exc_info=result,
+                )
 
     async def _take_one(self, replica: Replica) -> None:
         version = Version(
@@ -359,10 +399,12 @@ class Takeover:
         is seen at the next look."""
         meta = replica.meta
         for _ in range(3):
-            state = await self._upstream.state_of(meta.bucket, meta.key)
+            # Both looks at once: one round trip per version, not two.
+            state, (newer_on_its_way, claimed) = await asyncio.gather(
+                self._upstream.state_of(meta.bucket, meta.key), self._claims.look(version)
+            )
             if state is not None and state[0] == meta.etag and not replica.is_delete:
                 return  # already there (its writer uploaded it before it was lost)
-            newer_on_its_way, claimed = await self._claims.look(version)
             if newer_on_its_way:
                 log.info(
                     "%s/%s: a newer version is on its way; not taken over", meta.bucket, meta.key
@@ -386,12 +428,19 @@ class Takeover:
     async def _send(self, replica: Replica, etag: str | None) -> None:
         meta = replica.meta
         guard = unchanged_since(etag)
+        up = self._upstream
         if replica.is_delete:
             if etag is not None:
-                await self._upstream.delete_object(meta.bucket, meta.key, guard)
+                await self._through_gate(
+                    meta, 0, lambda: up.delete_object(meta.bucket, meta.key, guard)
+                )
             return
+        size = meta.size_bytes
         if replica.body is not None:  # a small body kept in the journal
-            await self._upstream.put_object(meta, io.BytesIO(replica.body), guard)
+            body = replica.body
+            await self._through_gate(
+                meta, size, lambda: up.put_object(meta, io.BytesIO(body), guard)
+            )
             return
         files = await asyncio.to_thread(open_bodies, self._blobs, replica.blob_ids)
         try:
@@ -400,8 +449,20 @@ class Takeover:
                     PartSource(f, size, part_etag)
                     for f, (size, part_etag) in zip(files, replica.parts, strict=True)
                 ]
-                await self._upstream.put_multipart(meta, sources, condition=guard)
+                await self._through_gate(
+                    meta, size, lambda: up.put_multipart(meta, sources, condition=guard)
+                )
             else:
-                await self._upstream.put_object(meta, files[0], guard)
+                await self._through_gate(meta, size, lambda: up.put_object(meta, files[0], guard))
         finally:
             await asyncio.to_thread(close_bodies, files)
+
+    async def _through_gate(
+        self, meta: ObjectMeta, size_bytes: int, call: Callable[[], Awaitable[object]]
+    ) -> None:
+        """One upload request, through this node's request gate when it has one (admitted
+        and paced with its own uploads, throttles retried; after a pause), else at once."""
+        if self.gate is None:
+            await call()
+        else:
+            await self.gate.early_request(meta.bucket, meta.key, 0, size_bytes, call)
