@@ -17,10 +17,11 @@ Each loss is an *event*; it covers this node's versions not yet durable upstream
 acknowledged before it (up to the journal's last seq at the time) and whose holders, by
 rendezvous over the members reachable now plus the lost one, include it. A version goes
 to each holder of today's choice that the lost one's loss made new (or to the wiped node
-itself). A holder that already holds a version answers at once, without the body
-(``ReplicaStore.commit``). A send that fails stops the event's pass there; the next round
-goes on from that version (with the holders it then chooses), and after ``_TRIES`` rounds
-past it. An event ends when its pass is through, or when its node turns
+itself), ``_BATCH`` versions at once. A holder that already holds a version answers at
+once, without the body (``ReplicaStore.commit``). A send that fails stops the event's pass
+there; the next round goes on from that version (with the holders it then chooses; the
+versions after it are sent again, and answered at once), and after ``_TRIES`` rounds past
+it. An event ends when its pass is through, or when its node turns
 out not lost (it answers again from the same data dir: it has its copies).
 
 Loop-bound; ``round`` is one look (the simulator in tests/sim calls it).
@@ -44,7 +45,8 @@ _ROUND_S = 2.0
 # goes on: a holder that is down is replaced by the next round's choice, so what fails
 # this often is the version itself (its body unreadable here).
 _TRIES = 10
-_BATCH = 64  # versions read from the journal at a time (inline bodies: up to 64 KiB each)
+# Versions read from the journal, and sent, at a time (inline bodies: up to 64 KiB each).
+_BATCH = 64
 
 # The versions not durable upstream with a seq above the first argument, in seq order, at
 # most the second argument of them.
@@ -130,31 +132,31 @@ class Rereplication:
                 )
 
     async def _pass(self, event: Event) -> bool:
-        """Send the event's versions from where its pass stopped; True once through."""
+        """Send the event's versions from where its pass stopped, a batch at a time (its
+        sends at once); True once through."""
         while event.after_seq < event.until_seq:
             rows = await self._pending(event.after_seq, _BATCH)
+            rows = [r for r in rows if r.seq <= event.until_seq]
             if not rows:
                 return True
-            for row in rows:
-                if row.seq > event.until_seq:
-                    return True
-                targets = self._targets(event, row)
-                if targets:
-                    committed = await self._send(row, targets)
-                    if committed < len(targets) and event.tries < _TRIES:
+            work = [(row, self._targets(event, row)) for row in rows]
+            results = await asyncio.gather(*(self._send(r, t) for r, t in work if t))
+            committed = iter(results)
+            for row, targets in work:
+                if targets and next(committed) < len(targets):
+                    if event.tries < _TRIES:
                         event.tries += 1
                         return False  # a new holder did not take it: again next round
-                    if committed < len(targets):
-                        log.warning(
-                            "re-replication of %s/%s seq=%d: given up after %d tries",
-                            row.meta.bucket,
-                            row.meta.key,
-                            row.seq,
-                            event.tries + 1,
-                        )
-                    else:
-                        event.sent += 1
-                        metrics.REPLICAS_REMADE.inc()
+                    log.warning(
+                        "re-replication of %s/%s seq=%d: given up after %d tries",
+                        row.meta.bucket,
+                        row.meta.key,
+                        row.seq,
+                        event.tries + 1,
+                    )
+                elif targets:
+                    event.sent += 1
+                    metrics.REPLICAS_REMADE.inc()
                 event.after_seq, event.tries = row.seq, 0
         return True
 

@@ -99,11 +99,13 @@ async def test_a_holder_back_with_its_copies_ends_the_event() -> None:
     held_by_b = [r for r in world.rows if world.holder_of(r.meta.key, "abc") == "b"]
     world.refuse = {"a", "c"}  # the pass stops at the first version
     await world.rere.round()
-    assert len(world.sent) == 1 and "b" in world.rere.events
+    assert len(world.sent) == len(held_by_b) and "b" in world.rere.events
+    first = next(r.seq for r in world.rows if r.meta.key == held_by_b[0].meta.key)
+    assert world.rere.events["b"].after_seq < first
     world.lost.clear()
     b.note_ok()  # back, same data dir: it has them
     await world.rere.round()
-    assert world.rere.events == {} and len(world.sent) == 1 and len(held_by_b) > 1
+    assert world.rere.events == {} and len(world.sent) == len(held_by_b)
 
 
 async def test_a_wiped_holder_gets_its_versions_again_and_a_failed_send_is_retried() -> None:
@@ -118,10 +120,13 @@ async def test_a_wiped_holder_gets_its_versions_again_and_a_failed_send_is_retri
     world.refuse = {"c"}
     for _ in range(3):
         await world.rere.round()
-    assert world.sent == [(held_by_c[0], ["c"])] * 3  # the same version, round after round
+    # The batch, round after round; the pass stays before the first of them.
+    assert world.sent == [(k, ["c"]) for k in held_by_c] * 3
+    first = next(r.seq for r in world.rows if r.meta.key == held_by_c[0])
+    assert world.rere.events["c"].after_seq < first
     world.refuse = set()
     await world.rere.round()
-    assert world.sent[3:] == [(k, ["c"]) for k in held_by_c]
+    assert world.sent[3 * len(held_by_c) :] == [(k, ["c"]) for k in held_by_c]
     assert world.rere.events == {}
 
 
@@ -132,8 +137,11 @@ async def test_a_version_no_holder_takes_is_left_after_some_rounds() -> None:
     world.refuse = {"a"}
     for _ in range(_TRIES + 1):
         await world.rere.round()
-    # The last of those rounds gave up on the first and went on to the next version.
-    assert [k for k, _ in world.sent] == [held_by_a[0]] * (_TRIES + 1) + [held_by_a[1]]
+    # The last of those rounds gave up on the first and stopped at the next version.
+    seqs = {r.meta.key: r.seq for r in world.rows}
+    assert seqs[held_by_a[0]] <= world.rere.events["a"].after_seq < seqs[held_by_a[1]]
     world.refuse = set()
+    before = len(world.sent)
     await world.rere.round()
-    assert [k for k, _ in world.sent[_TRIES + 2 :]] == held_by_a[1:]
+    assert [k for k, _ in world.sent[before:]] == held_by_a[1:]
+    assert world.rere.events == {}
