@@ -75,6 +75,7 @@ from gateway.shutdown import Running, shut_down
 from gateway.startup import StartupError, bind, open_data_dir, starting
 from gateway.store import origin
 from gateway.store.blobs import BlobStore
+from gateway.store.copies import ShortCopies
 from gateway.store.journal import Journal
 from gateway.store.members import MemberTable
 from gateway.store.replicas import ReplicaStore
@@ -220,6 +221,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
             # The request gate: its window of requests in flight and the answers so far.
             "flush_gate": lambda: dataclasses.asdict(flusher.gate_status()),
         },
+        replicas_short=fleet.replicas_short if fleet is not None else None,
     )
     limits = HttpLimits(
         max_line_bytes=settings.max_line_size_bytes,
@@ -590,6 +592,8 @@ def _replicas(
     fleet.claims = UploadClaims(claims, me, journal.may_be_superseded_elsewhere)
     replication = fleet.replication
     assert replication is not None
+    if settings.replica_policy != "strict":
+        replication.short = ShortCopies(journal)
 
     async def remake(row: LocalObject, holders: Sequence[Member]) -> int:
         write = replication.remake(row.meta.bucket, row.meta.key, list(holders))
@@ -602,6 +606,7 @@ def _replicas(
         lambda: journal.last_seq,
         journal.unflushed_after,
         remake,
+        journal.get,
     )
 
 

@@ -16,6 +16,7 @@ from gateway.admin.status import status_document
 from gateway.clock import Clock
 from gateway.flush import stuck
 from gateway.flush.flusher import Flusher
+from gateway.models import FlushState
 from gateway.store.journal import Journal
 
 _MAX_WAIT_S = 3600.0
@@ -31,6 +32,8 @@ class AdminServices:
     token: str | None = None  # when set, every path but the probes needs it (admin/auth.py)
     # More top-level fields of /admin/v1/status, computed at each call (e.g. "prefetch").
     status_extras: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    # With replicas: "copies/wanted" of a version acknowledged with fewer (degrade).
+    replicas_short: Callable[[str, str, int], str | None] | None = None
 
 
 ADMIN = web.AppKey("admin_services", AdminServices)
@@ -128,19 +131,21 @@ async def object_state(request: web.Request) -> web.Response:
             },
             404,
         )
-    return _json(
-        {
-            "bucket": bucket,
-            "key": key,
-            "state": obj.state.value,
-            "is_delete": obj.is_delete,
-            "size_bytes": obj.meta.size_bytes,
-            "etag": obj.meta.etag,
-            "seq": obj.seq,
-            "attempts": obj.attempts,
-            "last_error": obj.last_error,
-        }
-    )
+    doc = {
+        "bucket": bucket,
+        "key": key,
+        "state": obj.state.value,
+        "is_delete": obj.is_delete,
+        "size_bytes": obj.meta.size_bytes,
+        "etag": obj.meta.etag,
+        "seq": obj.seq,
+        "attempts": obj.attempts,
+        "last_error": obj.last_error,
+    }
+    short = svc.replicas_short
+    if short is not None and obj.state is not FlushState.DURABLE:
+        doc["replicas"] = short(bucket, key, obj.seq)  # None: as many as wanted
+    return _json(doc)
 
 
 async def flush_pause(request: web.Request) -> web.Response:

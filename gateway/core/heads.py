@@ -38,6 +38,7 @@ class ObjectHead:
     is_not_modified: bool = False
     node: str | None = None  # the fleet member that holds this version, if not this node
     held_by: str | None = None  # a commit marker the fleet holds: who it waits on, and why
+    replicas: str | None = None  # "copies/wanted": acknowledged with fewer replicas (degrade)
 
 
 @dataclass(slots=True)

@@ -265,11 +265,16 @@ class ObjectService:
     # -- the fleet (docs/fleet.md) --------------------------------------------------------
 
     def _held(self, head: ObjectHead, local: LocalObject) -> ObjectHead:
-        """A commit marker the fleet holds says so (``held``, and who it waits on)."""
+        """A commit marker the fleet holds says so (``held``, and who it waits on); so
+        does a version acknowledged with fewer replicas than asked for."""
         if self._fleet is None or local.state is FlushState.DURABLE:
             return head
-        reason = self._fleet.held_by(local.meta.bucket, local.meta.key)
-        return head if reason is None else dataclasses.replace(head, held_by=reason)
+        bucket, key = local.meta.bucket, local.meta.key
+        reason = self._fleet.held_by(bucket, key)
+        short = self._fleet.replicas_short(bucket, key, local.seq)
+        if reason is None and short is None:
+            return head
+        return dataclasses.replace(head, held_by=reason, replicas=short)
 
     async def _from_peer(
         self, bucket: str, key: str, read: ReadOptions, local: LocalObject | None, method: str

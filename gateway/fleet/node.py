@@ -101,6 +101,8 @@ class Fleet:
     async def load(self) -> None:
         """The remembered members: before the flusher loads its held markers."""
         await self.membership.load()
+        if self.replication is not None and self.replication.short is not None:
+            await self.replication.short.load()
 
     async def start(self) -> None:
         """A first discovery and a first lease from every member that answers, before the
@@ -305,6 +307,11 @@ class Fleet:
 
     def held_by(self, bucket: str, key: str) -> str | None:
         return self.fence.held_by(bucket, key)
+
+    def replicas_short(self, bucket: str, key: str, seq: int) -> str | None:
+        short = None if self.replication is None else self.replication.short
+        found = None if short is None else short.of(bucket, key, seq)
+        return None if found is None else f"{found[0]}/{found[1]}"
 
     def stuck_reason(self, bucket: str, key: str) -> str | None:
         return self.fence.stuck_reason(bucket, key)

@@ -29,6 +29,7 @@ from gateway.fleet.transport import PeerTransport, PeerUnavailable
 from gateway.fleet.view import Holder
 from gateway.fleet.wire import INLINE_BODY_MAX_BYTES, NodeInfo, ReplicaCommit
 from gateway.models import ObjectMeta
+from gateway.store.copies import ShortCopies
 
 log = logging.getLogger(__name__)
 _QUEUE_PIECES = 4  # body pieces buffered per holder (the slowest holder paces the write)
@@ -76,6 +77,8 @@ class Replication:
         self._membership = membership
         self._transport = transport
         self.policy = policy
+        # Versions acknowledged with fewer copies (degrade): set by the composition root.
+        self.short: ShortCopies | None = None
 
     def holders(self, bucket: str, key: str) -> list[Member]:
         live = [m for m in self._membership.active() if m.is_reachable]
@@ -298,7 +301,11 @@ class ReplicaWrite:
         results = await asyncio.gather(*(self._commit_one(m, doc, resend) for m in chosen))
         copies = sum(results)
         if not self._is_remake:
+            wanted = self._replication.policy.copies
             self._replication._enough(copies, f"{meta.bucket}/{meta.key}")
+            short = self._replication.short
+            if copies < wanted and short is not None:  # degraded: the object's state says so
+                await short.note(meta.bucket, meta.key, seq, copies, wanted)
         return copies
 
     async def withdraw(self, seq: int) -> bool:

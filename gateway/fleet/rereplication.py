@@ -24,6 +24,9 @@ versions after it are sent again, and answered at once), and after ``_TRIES`` ro
 it. An event ends when its pass is through, or when its node turns
 out not lost (it answers again from the same data dir: it has its copies).
 
+Each round also tops up the versions acknowledged with fewer copies than wanted
+(``--replica-policy degrade``, ``store/copies.py``) once enough members are reachable.
+
 Loop-bound; ``round`` is one look (the simulator in tests/sim calls it).
 """
 
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from gateway import metrics
 from gateway.fleet.membership import Member, Membership
 from gateway.fleet.replication import Replication, choose
-from gateway.models import LocalObject
+from gateway.models import FlushState, LocalObject
 
 log = logging.getLogger(__name__)
 _ROUND_S = 2.0
@@ -53,6 +56,8 @@ _BATCH = 64
 PendingRows = Callable[[int, int], Awaitable[Sequence[LocalObject]]]
 # Send one version to these holders; how many committed it.
 SendRow = Callable[[LocalObject, Sequence[Member]], Awaitable[int]]
+# The current row of (bucket, key), None if there is none.
+RowOf = Callable[[str, str], Awaitable[LocalObject | None]]
 
 
 @dataclass(slots=True)
@@ -78,7 +83,9 @@ class Rereplication:
         last_seq: Callable[[], int],
         pending: PendingRows,
         send: SendRow,
+        row_of: RowOf | None = None,
     ) -> None:
+        self._row_of = row_of
         self._replication = replication
         self._membership = membership
         self._is_lost = is_lost
@@ -122,6 +129,7 @@ class Rereplication:
                 event = self.events.get(node)
                 if event is not None and event.datadir_id is None and member.is_reachable:
                     del self.events[node]  # back from the same data dir: it kept its copies
+        await self._top_up()
         for event in list(self.events.values()):
             if await self._pass(event) and self.events.get(event.node_id) is event:
                 del self.events[event.node_id]
@@ -130,6 +138,23 @@ class Rereplication:
                     event.node_id,
                     event.sent,
                 )
+
+    async def _top_up(self) -> None:
+        """Versions acknowledged with fewer copies than wanted (``--replica-policy
+        degrade``): sent to their holders once enough members are reachable; forgotten once
+        durable upstream or replaced."""
+        short, wanted = self._replication.short, self._replication.policy.copies
+        if short is None or self._row_of is None:
+            return
+        for bucket, key, seq in short.versions():
+            row = await self._row_of(bucket, key)
+            if row is None or row.seq != seq or row.state is FlushState.DURABLE:
+                await short.clear(bucket, key, seq)
+                continue
+            holders = self._replication.holders(bucket, key)
+            if len(holders) >= wanted and await self._send(row, holders) >= wanted:
+                await short.clear(bucket, key, seq)
+                metrics.REPLICAS_REMADE.inc()
 
     async def _pass(self, event: Event) -> bool:
         """Send the event's versions from where its pass stopped, a batch at a time (its

@@ -147,6 +147,11 @@ class FleetView(Protocol):
         """Why the commit marker ``key`` is held by the fleet, if it is."""
         ...
 
+    def replicas_short(self, bucket: str, key: str, seq: int) -> str | None:
+        """``copies/wanted`` when this version was acknowledged with fewer replicas than
+        ``--replicas`` (``--replica-policy degrade``) and has not got them since."""
+        ...
+
     def stuck_reason(self, bucket: str, key: str) -> str | None:
         """``held_by`` only when the marker waits on nothing but nodes that cannot answer
         (unreachable, or back with an empty disk): then only an operator or the node's

@@ -174,3 +174,15 @@ CREATE TABLE IF NOT EXISTS replicas (
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS replicas_by_key ON replicas (bucket, key);
+
+-- Versions of this node acknowledged with fewer replicas than --replicas asked for
+-- (--replica-policy degrade): said in their reads' x-gateway-replicas until they are
+-- durable upstream or have their copies after all (store/copies.py).
+CREATE TABLE IF NOT EXISTS short_copies (
+    bucket      TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    seq         INTEGER NOT NULL,
+    copies      INTEGER NOT NULL,              -- holders that committed it
+    wanted      INTEGER NOT NULL,              -- --replicas when it was written
+    PRIMARY KEY (bucket, key)
+) WITHOUT ROWID;

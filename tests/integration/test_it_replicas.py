@@ -235,12 +235,22 @@ def test_strict_refuses_what_cannot_be_replicated_and_degrade_acknowledges_it(
         gw.start()
     try:
         wait_joined(degrade, ("a", "b"))
-        degrade[1].kill()
-        until(
-            lambda: degrade[0].admin_get("/admin/v1/fleet")["members"][0]["state"] == "unreachable"
-        )
-        degrade[0].client().put_object(Bucket=bucket, Key="d/k", Body=b"x")
-        assert degrade[0].metric("gateway_replica_degraded_acks") >= 1
+        writer, holder = degrade
+        writer.pause_flush()
+        holder.kill()
+        until(lambda: writer.admin_get("/admin/v1/fleet")["members"][0]["state"] == "unreachable")
+        writer.client().put_object(Bucket=bucket, Key="d/k", Body=b"x")
+        assert writer.metric("gateway_replica_degraded_acks") >= 1
+        # Its state says so, on reads and in the admin's object state...
+        head = writer.client().head_object(Bucket=bucket, Key="d/k")
+        assert head["ResponseMetadata"]["HTTPHeaders"]["x-gateway-replicas"] == "0/1"
+        assert writer.object_state(bucket, "d/k")["replicas"] == "0/1"
+        # ... until the holder is back and the writer has sent it the version after all.
+        holder.start()
+        until(lambda: writer.object_state(bucket, "d/k")["replicas"] is None, 30)
+        assert ("a", "d/k") in replicas_held(holder)
+        head = writer.client().head_object(Bucket=bucket, Key="d/k")
+        assert "x-gateway-replicas" not in head["ResponseMetadata"]["HTTPHeaders"]
     finally:
         for gw in degrade:
             gw.stop()

@@ -155,6 +155,8 @@ def object_headers(
     if head.held_by is not None:  # a commit marker the fleet holds (docs/fleet.md)
         out["x-gateway-flush-state"] = "held"
         out["x-gateway-held-by"] = _printable(head.held_by)
+    if head.replicas is not None:  # acknowledged with fewer replicas (degrade)
+        out["x-gateway-replicas"] = head.replicas
     if head.node is not None:  # served by the fleet member that holds it unflushed
         out["x-gateway-node"] = _printable(head.node)
     out.update({_HEADER_NAMES.get(k, k): v for k, v in meta.headers.items()})
