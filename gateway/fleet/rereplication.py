@@ -9,7 +9,8 @@ it, a version is lost only if its N+1 copies all go within one re-replication's 
 
 A holder is lost for a version when:
 - it has been silent for ``--peer-timeout`` (``is_lost``, the rule the takeover uses for
-  writers); its versions go to the members that now come next by rendezvous;
+  writers), or it left the fleet (said goodbye as it shut down); its versions go to the
+  members that now come next by rendezvous;
 - it answers from a new data dir (it came back with an empty disk): its versions go to it
   again (or to whoever comes next, if it is not reachable).
 
@@ -120,7 +121,9 @@ class Rereplication:
         holders back with their copies, and take each open event's pass as far as it goes."""
         for member in list(self._membership.members.values()):
             node = member.node_id
-            if self._is_lost(node):
+            # A member that left (it shut down with nothing of its own unflushed) took
+            # what it held for others with it, as a lost one did.
+            if member.has_left or self._is_lost(node):
                 if node not in self._silent and node not in self.events:
                     self.events[node] = Event(node, None, self._last_seq())
                 self._silent.add(node)

@@ -91,6 +91,15 @@ async def test_a_silent_holders_versions_go_to_the_next_holder_once() -> None:
     assert len(world.sent) == len(held_by_b)
 
 
+async def test_a_holder_that_left_the_fleet_is_replaced_too() -> None:
+    """A member that said goodbye as it shut down took what it held for others."""
+    world = _World()
+    world.members.members["b"].has_left = True
+    await world.rere.round()
+    held_by_b = [r.meta.key for r in world.rows if world.holder_of(r.meta.key, "abc") == "b"]
+    assert world.sent == [(k, [world.holder_of(k, "ac")]) for k in held_by_b]
+
+
 async def test_a_holder_back_with_its_copies_ends_the_event() -> None:
     world = _World()
     b = world.members.members["b"]
