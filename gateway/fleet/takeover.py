@@ -44,7 +44,7 @@ _STAGED_TTL_S = 24 * 3600.0  # a staged body never committed is dropped after th
 _NEWER_MARGIN_S = 2.0
 # Versions taken over at once by one node (each a claim, a look and an upload; the request
 # gate, when there is one, bounds what is in flight and paces it with the node's own).
-_CONCURRENCY = 64
+_CONCURRENCY = 128
 
 
 class Decision(enum.Enum):
