@@ -410,6 +410,15 @@ class Takeover:
                     "%s/%s: a newer version is on its way; not taken over", meta.bucket, meta.key
                 )
                 return
+            # A newer version already in the bucket, whoever claimed it: even a claimant
+            # lost to this node (a writer cut off from it, not from the bucket) got it there.
+            if state is not None and any(
+                c.etag == state[0] and c.is_newer_than(version) for c in claimed
+            ):
+                log.info(
+                    "%s/%s: the bucket holds a newer version; not taken over", meta.bucket, meta.key
+                )
+                return
             # Written by something that does not claim (not a gateway with replicas on):
             # ordered by the bucket's clock against the acknowledgement.
             foreign = state is not None and state[0] not in {c.etag for c in claimed}

@@ -31,6 +31,8 @@ from fleet_sim import MARKER, Row
 from replica_sim import Refused, ReplicaFleet, ReplicaNode, settle
 from virtual_time import run
 
+from gateway.fleet.replication import rank
+
 PEER_TIMEOUT_S = 10.0
 
 
@@ -374,3 +376,47 @@ def test_a_lost_holders_versions_are_replicated_again(wipe_holder: bool) -> None
     copies, missing = run(_holder_then_writer(wipe_holder=wipe_holder))
     assert set(copies.values()) == {2}, copies
     assert not missing, missing
+
+
+async def _older_after_a_cut(key: str) -> tuple[list[str], str, str]:
+    """c writes v1 of ``key`` (its replica on b), is cut off from b, writes v2 (refused:
+    b cannot commit it, but committed on c), uploads v2 and dies before marking it done.
+    b, for which c has been silent, takes c's versions over: the bucket's arrivals of
+    ``key``, and the two bodies."""
+    fleet = ReplicaFleet(3, 3, upload_s=(0.2, 0.2), peer_timeout_s=PEER_TIMEOUT_S)
+    await fleet.start()
+    ledger = Ledger()
+    c = fleet.node("c")
+    assert [h.node_id for h in c.replication.holders("sim", key)] == ["b"]
+    c.is_paused = True
+    v1, v2 = ledger.body(key), ledger.body(key)
+    assert await request(c, key, v1) is not None
+    fleet.net.cut(fleet.address_of("c"), fleet.address_of("b"))
+    assert await request(c, key, v2) is None  # no replica: refused, committed on c
+    landed = fleet.bucket.land
+
+    def land(k: str, value: str, is_delete: bool, sender: str) -> None:
+        landed(k, value, is_delete, sender)
+        if k == key and sender == "c":
+            fleet.nodes["c"].kill()  # before its done mark
+
+    fleet.bucket.land = land  # type: ignore[method-assign]
+    c.is_paused = False
+    c.changed.set()
+    await asyncio.sleep(3 * PEER_TIMEOUT_S)  # b takes over what it holds of c's
+    arrivals = [_body_of(ledger, a.key, a.value) for a in fleet.bucket.arrivals if a.key == key]
+    await fleet.close()
+    return arrivals, v1, v2
+
+
+def test_a_taker_over_never_puts_an_older_version_over_one_already_in_the_bucket() -> None:
+    """The newer version's claimant is lost to the taker-over (cut off from it, then dead)
+    and never marked it done; the bucket holds it all the same, and the older version
+    stays out."""
+    key = next(k for k in (f"latest/c{i}" for i in range(100)) if _holder_is_b(k))
+    arrivals, v1, v2 = run(_older_after_a_cut(key))
+    assert arrivals == [v2], f"{v1} landed after {v2}: {arrivals}"
+
+
+def _holder_is_b(key: str) -> bool:
+    return max(("a", "b"), key=lambda n: rank(n, "sim", key)) == "b"
