@@ -218,11 +218,12 @@ async def remake_replica(replica: ReplicaWriter, row: LocalObject, blobs: BlobSt
 
 def _stored_bodies(
     replica: ReplicaWriter, row: LocalObject, blobs: BlobStore
-) -> tuple[list[str], list[tuple[int, str]], Callable[[str], AsyncIterator[bytes]]]:
+) -> tuple[list[str], list[tuple[int, str]], Callable[[str], AsyncIterator[bytes]] | None]:
     """The stage ids of a stored version's bodies, its part list, and how a holder that
-    lacks one of them gets it from this node's disk (or the journal row's inline body)."""
+    lacks one of them gets it from this node's disk (or the journal row's inline body);
+    a delete has none."""
     if row.is_delete:
-        return [], [], _nothing
+        return [], [], None
     sid = replica.stage_id
     if row.parts:
         ids = [f"{sid}.{n}" for n in range(1, len(row.parts) + 1)]
@@ -240,8 +241,3 @@ def _stored_bodies(
             yield row.body  # an inline body lives in the journal row
 
     return ids, parts, resend
-
-
-async def _nothing(stage_id: str) -> AsyncIterator[bytes]:
-    return
-    yield b""

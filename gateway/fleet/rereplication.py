@@ -147,8 +147,10 @@ class Rereplication:
         degrade``): sent to their holders once enough members are reachable; forgotten once
         durable upstream or replaced."""
         short, wanted = self._replication.short, self._replication.policy.copies
-        if short is None or self._row_of is None:
+        if short is None or self._row_of is None or not short.versions():
             return
+        if sum(1 for m in self._membership.active() if m.is_reachable) < wanted:
+            return  # too few members to top anything up: no journal reads this round
         for bucket, key, seq in short.versions():
             row = await self._row_of(bucket, key)
             if row is None or row.seq != seq or row.state is FlushState.DURABLE:

@@ -177,6 +177,13 @@ class ReplicaStore:
                 is not None
             )
 
+        def uncommitted(conn: sqlite3.Connection, stage_id: str) -> bool:
+            row = conn.execute(
+                "SELECT 1 FROM replica_bodies WHERE stage_id = ? AND owner = ? AND committed = 0",
+                (stage_id, owner),
+            ).fetchone()
+            return row is not None
+
         def staged(conn: sqlite3.Connection, stage_id: str) -> bool:
             row = conn.execute(
                 "SELECT md5 FROM replica_bodies WHERE stage_id = ? AND owner = ?",
@@ -187,15 +194,7 @@ class ReplicaStore:
 
         def op(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
             if is_held(conn):  # sent again (re-replication): its bodies need not come
-                unused = stage_ids and [
-                    s
-                    for (s,) in conn.execute(
-                        "SELECT stage_id FROM replica_bodies WHERE owner = ? AND committed = 0 "
-                        f"AND stage_id IN ({','.join('?' * len(stage_ids))})",
-                        (owner, *stage_ids),
-                    )
-                ]
-                return [], self._drop_staged(conn, unused)
+                return [], self._drop_staged(conn, [s for s in stage_ids if uncommitted(conn, s)])
             if inline is not None:
                 body, now_s = inline
                 md5 = hashlib.md5(body).hexdigest()
