@@ -197,8 +197,8 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     flusher = _flusher(settings, clock, journal, blobs, upstream, gate, backoff, fleet)
     if fleet is not None:
         _lost_writers(settings, journal, flusher, fleet)
-        if fleet.takeover is not None:  # a lost writer's uploads go through this gate too
-            fleet.takeover.gate = gate
+        if fleet.takeover is not None:  # a lost writer's uploads and claims: this gate too
+            fleet.takeover.use_gate(gate)
     await flusher.attach()  # the pending rows, in memory, before any write can arrive
     s3 = _s3_services(
         settings, clock, journal, blobs, upstream, space, credentials, flusher, fleet, stack

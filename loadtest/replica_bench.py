@@ -41,6 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from emulator import EmulatorThread, parse_size  # noqa: E402
 from fleetutil import fleet_of, until, wait_joined  # noqa: E402
 from harness import GatewayProcess, payload, start_moto, upstream_client  # noqa: E402
 
@@ -390,6 +391,16 @@ def leg_killwipe(base: Path, url: str, points: int, seed: int) -> dict[str, Any]
     return {"points": points, "acknowledged": len(acked), "lost": lost_total}
 
 
+def start_upstream(args: argparse.Namespace) -> tuple[Any, str]:
+    """(server with ``stop()``, url): moto, or the throttling emulator (every prefix one
+    partition when ``--prefix-rate`` is set)."""
+    if args.upstream == "moto":
+        return start_moto()
+    emu = EmulatorThread(latency_ms=args.latency_ms, prefix_rate=args.prefix_rate).start()
+    say(f"upstream: emulator, {args.latency_ms:g} ms, prefix limit {args.prefix_rate:g}/s")
+    return emu, emu.url
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--legs", default="ack,ingest,takeover,rereplicate,killwipe")
@@ -399,10 +410,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--points", type=int, default=50)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--upstream",
+        choices=("moto", "emulator"),
+        default="moto",
+        help="moto, or the throttling emulator (indexed LISTs, latency, a prefix limit)",
+    )
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="emulator only")
+    parser.add_argument("--prefix-rate", type=float, default=0.0, help="emulator only; 0: none")
+    parser.add_argument("--take-objects", type=int, default=20, help="versions (takeover)")
+    parser.add_argument(
+        "--take-size", type=lambda t: int(parse_size(t)), default=2 * MiB, help="(takeover)"
+    )
     args = parser.parse_args(argv)
     legs = set(args.legs.split(","))
     report: dict[str, Any] = {}
-    server, url = start_moto()
+    server, url = start_upstream(args)
     try:
         with TemporaryDirectory(prefix="replica-bench-") as tmp:
             base = Path(tmp)
@@ -411,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "ingest" in legs:
                 report["ingest"] = leg_ingest(base, url, args.rounds)
             if "takeover" in legs:
-                report["takeover"] = leg_takeover(base, url, 20, 2 * MiB)
+                report["takeover"] = leg_takeover(base, url, args.take_objects, args.take_size)
             if "rereplicate" in legs:
                 report["rereplicate"] = {
                     how: leg_rereplicate(base, url, args.objects, wipe=how == "wiped")

@@ -29,13 +29,22 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from gateway.upstream.classify import Retryable
 
 _MAX_EPOCHS = 64  # a version taken over this many times is left for an operator
+T = TypeVar("T")
+
+
+class SendGate(Protocol):
+    """The flusher's flow control (``flush/gate.py``) for a request of no claimed row."""
+
+    def early_request(
+        self, bucket: str, key: str, order: int, size_bytes: int, send: Callable[[], Awaitable[T]]
+    ) -> Awaitable[T]: ...
 
 
 class ClaimBucket(Protocol):
@@ -143,6 +152,18 @@ class Claims:
         self._me = me
         self._prefix = control_prefix
         self._is_lost = is_lost
+        # The node's request gate, once the composition root has built it: a claim's
+        # requests go to the bucket like its data's (paced with them, throttles counted
+        # and retried); three of them per version, they would otherwise overrun a bucket
+        # the data requests are kept just under.
+        self.gate: SendGate | None = None
+
+    async def _send(self, v: Version, call: Callable[[], Awaitable[T]]) -> T:
+        """One request about ``v``'s claims: through the gate, in the lane of ``v``'s key
+        (its claims are part of its upload), ahead of that lane's data; else at once."""
+        if self.gate is None:
+            return await call()
+        return await self.gate.early_request(v.bucket, v.key, 0, 0, call)
 
     def _key(self, v: Version, suffix: str) -> str:
         return (
@@ -156,9 +177,9 @@ class Claims:
         for epoch in range(1, _MAX_EPOCHS + 1):
             # Nobody claimed this epoch before: nobody uploaded it since (every upload is
             # claimed first), so no done mark can exist yet. Two requests in the usual case.
-            if await self._bucket.put_if_absent(v.bucket, self._key(v, str(epoch)), body):
+            if await self._put_if_absent(v, self._key(v, str(epoch)), body):
                 return Claim(Outcome.WON, epoch)
-            if await self._bucket.get_small(v.bucket, self._key(v, "done")) is not None:
+            if await self._get(v, self._key(v, "done")) is not None:
                 return Claim(Outcome.DONE)
             holder = await self._claimant(v, epoch)
             if holder == self._me:
@@ -175,12 +196,18 @@ class Claims:
         raise Retryable(f"claims of {v}: more than {_MAX_EPOCHS} epochs")
 
     async def _claimant(self, v: Version, epoch: int) -> Claimant | None:
-        raw = await self._bucket.get_small(v.bucket, self._key(v, str(epoch)))
+        raw = await self._get(v, self._key(v, str(epoch)))
         return None if raw is None else Claimant.parse(raw)
+
+    async def _get(self, v: Version, key: str) -> bytes | None:
+        return await self._send(v, lambda: self._bucket.get_small(v.bucket, key))
+
+    async def _put_if_absent(self, v: Version, key: str, body: bytes) -> bool:
+        return await self._send(v, lambda: self._bucket.put_if_absent(v.bucket, key, body))
 
     async def done(self, v: Version) -> None:
         """Record that ``v`` is uploaded (idempotent)."""
-        await self._bucket.put_if_absent(v.bucket, self._key(v, "done"), b"{}")
+        await self._put_if_absent(v, self._key(v, "done"), b"{}")
 
     async def look(self, v: Version) -> tuple[bool, set[Version]]:
         """One listing of the claims of ``v``'s key: whether a newer version is on its way
@@ -206,7 +233,7 @@ class Claims:
         ``done``)."""
         prefix = key_prefix(self._prefix, v.key)
         found: dict[Version, set[str]] = {}
-        for name in await self._bucket.list_keys(v.bucket, prefix):
+        for name in await self._send(v, lambda: self._bucket.list_keys(v.bucket, prefix)):
             parsed = _parse_name(v.bucket, v.key, name[len(prefix) :])
             if parsed is not None:
                 found.setdefault(parsed[0], set()).add(parsed[1])

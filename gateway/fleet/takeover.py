@@ -20,11 +20,11 @@ import io
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
-from gateway.fleet.claims import Claims, Outcome, Version
+from gateway.fleet.claims import Claims, Outcome, SendGate, Version
 from gateway.fleet.membership import Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
 from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest, NodeInfo
@@ -112,14 +112,6 @@ class UploadClaims:
         await self._claims.done(self._version(obj))
 
 
-class SendGate(Protocol):
-    """The flusher's flow control (``flush/gate.py``) for a request of no claimed row."""
-
-    def early_request(
-        self, bucket: str, key: str, order: int, size_bytes: int, send: Callable[[], Awaitable[T]]
-    ) -> Awaitable[T]: ...
-
-
 @dataclass(frozen=True, slots=True)
 class TakeoverConfig:
     peer_timeout_s: float = 30.0
@@ -162,8 +154,14 @@ class Takeover:
         self._unfinished: set[tuple[str, str, int]] = set()
         # Replicas held here, by writer, as of the last round (the status says so).
         self.held: list[dict[str, object]] = []
-        # The flusher's request gate (set by the composition root once it is built).
+        # The flusher's request gate (``use_gate``, once the composition root built it).
         self.gate: SendGate | None = None
+
+    def use_gate(self, gate: SendGate) -> None:
+        """Send the uploads taken over, and every claim's requests (this node's own
+        uploads' too: one ``Claims``), through the flusher's request gate."""
+        self.gate = gate
+        self._claims.gate = gate
 
     def is_lost(
         self, node_id: str, datadir_id: str | None = None, alive_at_s: float | None = None
