@@ -399,7 +399,8 @@ class Takeover:
         for _ in range(3):
             # Both looks at once: one round trip per version, not two.
             state, (newer_on_its_way, claimed) = await asyncio.gather(
-                self._upstream.state_of(meta.bucket, meta.key), self._claims.look(version)
+                self._through_gate(meta, 0, lambda: self._upstream.state_of(meta.bucket, meta.key)),
+                self._claims.look(version),
             )
             if state is not None and state[0] == meta.etag and not replica.is_delete:
                 return  # already there (its writer uploaded it before it was lost)
@@ -465,11 +466,11 @@ class Takeover:
             await asyncio.to_thread(close_bodies, files)
 
     async def _through_gate(
-        self, meta: ObjectMeta, size_bytes: int, call: Callable[[], Awaitable[object]]
-    ) -> None:
-        """One upload request, through this node's request gate when it has one (admitted
-        and paced with its own uploads, throttles retried; after a pause), else at once."""
+        self, meta: ObjectMeta, size_bytes: int, call: Callable[[], Awaitable[T]]
+    ) -> T:
+        """One request about ``meta``'s key, through this node's request gate when it has
+        one (admitted and paced with its own uploads, throttles retried; after a pause),
+        else at once."""
         if self.gate is None:
-            await call()
-        else:
-            await self.gate.early_request(meta.bucket, meta.key, 0, size_bytes, call)
+            return await call()
+        return await self.gate.early_request(meta.bucket, meta.key, 0, size_bytes, call)

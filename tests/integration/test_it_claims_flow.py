@@ -17,7 +17,7 @@ from harness import REPO_ROOT, GatewayProcess, http_request, payload, quoted_md5
 
 sys.path.insert(0, str(REPO_ROOT / "loadtest"))
 
-from emulator import EmulatorThread  # noqa: E402
+from emulator import EmulatorThread
 
 BUCKET = "claims-flow"
 CONTROL = ".gateway/"
