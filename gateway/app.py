@@ -66,6 +66,7 @@ from gateway.flush.flusher import Flusher
 from gateway.flush.gate import GateConfig, RequestGate, build_gate
 from gateway.flush.lanes import LaneConfig
 from gateway.flush.policy import PolicyConfig
+from gateway.flush.shares import FleetShares
 from gateway.flush.window import WindowConfig
 from gateway.models import LocalObject
 from gateway.s3.credentials import CredentialStore
@@ -199,6 +200,11 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
         _lost_writers(settings, journal, flusher, fleet)
         if fleet.takeover is not None:  # a lost writer's uploads and claims: this gate too
             fleet.takeover.use_gate(gate)
+        # Each lease renewal tells a member what this node gets through to each bucket;
+        # a member that stops sending to one hands its share over (flush/shares.py).
+        shares = FleetShares(gate, clock.monotonic)
+        fleet.shares = shares
+        fleet.membership.shares = shares.report
     await flusher.attach()  # the pending rows, in memory, before any write can arrive
     s3 = _s3_services(
         settings, clock, journal, blobs, upstream, space, credentials, flusher, fleet, stack

@@ -63,6 +63,18 @@ FLUSH_THROTTLES = Counter(
     ["bucket", "lane"],
     registry=REGISTRY,
 )
+FLOW_SHARES_TAKEN = Counter(
+    "gateway_flow_shares_taken",
+    "Shares of a bucket's rate taken over from a fleet member that stopped sending to it",
+    ["bucket"],
+    registry=REGISTRY,
+)
+FLOW_SHARES_TAKEN_RATE = Counter(
+    "gateway_flow_shares_taken_requests_per_second",
+    "Requests/s added to a bucket's rate by shares taken over from fleet members",
+    ["bucket"],
+    registry=REGISTRY,
+)
 FLUSH_FAILURES = Counter(
     "gateway_flush_failures", "Flushes that failed permanently (state failed)", registry=REGISTRY
 )

@@ -270,8 +270,10 @@ class RemoteDirectory:
         self.dirs: dict[Dir, int] = {}  # directory -> version it was announced at
         self.trusted_until_s = float("-inf")
 
-    def request(self, me: NodeInfo, port: int) -> LeaseRequest:
-        return LeaseRequest(me, port, self.version, self.incarnation)
+    def request(
+        self, me: NodeInfo, port: int, shares: tuple[tuple[str, float], ...] = ()
+    ) -> LeaseRequest:
+        return LeaseRequest(me, port, self.version, self.incarnation, shares)
 
     def apply_grant(self, grant: LeaseGrant, sent_s: float) -> None:
         """A lease granted to a request sent at ``sent_s`` (this node's monotonic clock)."""

@@ -159,6 +159,9 @@ class Membership:
         self._saves: set[asyncio.Task[None]] = set()
         self._renewing: dict[str, asyncio.Task[LeaseGrant | None]] = {}
         self._due: dict[str, float] = {}  # node id -> when its next renewal starts
+        # What each renewal tells the member of this node's shares of buckets
+        # (``flush/shares.py``; the composition root sets it when the node flushes).
+        self.shares: Callable[[], tuple[tuple[str, float], ...]] = tuple
 
     # -- what others see --------------------------------------------------------------------
 
@@ -290,7 +293,7 @@ class Membership:
 
     async def renew(self, member: Member) -> LeaseGrant | None:
         """One lease renewal with ``member``: the directory copy and the liveness check."""
-        request = member.remote.request(self.me, self.port)
+        request = member.remote.request(self.me, self.port, self.shares())
         sent_s = self._clock.monotonic()
         try:
             grant = await self._transport.lease(member.address, request, self.lease_s / 3)

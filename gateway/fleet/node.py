@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gateway import metrics
 from gateway.clock import Clock
@@ -31,6 +31,14 @@ from gateway.fleet.wire import DirChange, LeaseGrant, LeaseRequest, NodeInfo, Pe
 
 log = logging.getLogger(__name__)
 _TICK_S = 1.0  # how often announced directories are checked for withdrawal
+
+
+class ShareReports(Protocol):
+    """The flusher's side of the fleet's shares of buckets (``flush/shares.py``)."""
+
+    def on_report(self, peer: str, shares: Mapping[str, float]) -> None: ...
+
+    def forget(self, peer: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +97,7 @@ class Fleet:
         self.takeover: Takeover | None = None
         self.claims: UploadClaims | None = None
         self.rereplication: Rereplication | None = None
+        self.shares: ShareReports | None = None  # set with the flusher's gate
         if config.replicas > 0:
             policy = ReplicaPolicy(config.replicas, config.replica_strict)
             self.replication = Replication(me, self.membership, transport, policy)
@@ -154,6 +163,8 @@ class Fleet:
         address = f"[{host}]:{request.port}" if ":" in host else f"{host}:{request.port}"
         if request.holder.node_id != self.me.node_id:
             self.membership.admit(request.holder, address)
+            if self.shares is not None:
+                self.shares.on_report(request.holder.node_id, dict(request.shares))
         return self.directory.grant(request, address)
 
     def on_change(self, change: DirChange) -> None:
@@ -164,6 +175,8 @@ class Fleet:
     def on_bye(self, node: NodeInfo) -> None:
         self.membership.leave(node.node_id)
         self.directory.forget_holder(node.node_id)
+        if self.shares is not None:
+            self.shares.forget(node.node_id)
 
     # -- FleetView ------------------------------------------------------------------------
 

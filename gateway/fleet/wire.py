@@ -115,6 +115,9 @@ class LeaseRequest:
     port: int
     known_version: int
     known_incarnation: tuple[str, float] | None
+    # M's shares: (bucket, requests/s got through lately) of each bucket it sends to now
+    # (``flush/shares.py``). Absent from an older gateway's request: none.
+    shares: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -122,6 +125,7 @@ class LeaseRequest:
             "port": self.port,
             "known_version": self.known_version,
             "known_incarnation": list(self.known_incarnation) if self.known_incarnation else None,
+            "shares": [[bucket, rate] for bucket, rate in self.shares],
         }
 
     @classmethod
@@ -137,8 +141,29 @@ class LeaseRequest:
                 raise WireError("known_incarnation: expected [datadir_id, started_s]")
             known = (inc[0], _number({"s": inc[1]}, "s"))
         return cls(
-            NodeInfo.from_json(doc.get("holder")), port, _field(doc, "known_version", int), known
+            NodeInfo.from_json(doc.get("holder")),
+            port,
+            _field(doc, "known_version", int),
+            known,
+            _shares(doc.get("shares", [])),
         )
+
+
+_MAX_SHARES = 1024  # buckets in one report
+
+
+def _shares(raw: Any) -> tuple[tuple[str, float], ...]:
+    if not isinstance(raw, list) or len(raw) > _MAX_SHARES:
+        raise WireError(f"shares: expected at most {_MAX_SHARES} [bucket, rate] pairs")
+    out = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            raise WireError("shares: expected [bucket, rate] pairs")
+        rate = _number({"rate": item[1]}, "rate")
+        if not 0 <= rate < float("inf"):
+            raise WireError("shares: a rate is a finite number >= 0")
+        out.append((item[0], rate))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

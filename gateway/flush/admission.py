@@ -96,6 +96,7 @@ class BucketBudget:
         self._binding = False
         self.throttles = 0
         self.answers = Answers()  # the bucket's recent answers, every lane's
+        self.in_flight = 0  # admitted and not answered (``Gate`` counts them)
 
     # -- queue -------------------------------------------------------------------------
 
@@ -195,6 +196,24 @@ class BucketBudget:
         self.rate.tick(now_s, self._binding)
         self._binding = False
         self._pacer.follow(self.rate.rate_per_s, now_s)
+
+    # -- the fleet's shares (``shares.py``) --------------------------------------------
+
+    def share_per_s(self, now_s: float) -> float | None:
+        """What this gateway got through to the bucket lately (requests/s) while it sends
+        to it (requests waiting or in flight); None when it is idle."""
+        if self.in_flight <= 0 and not self.has_waiting:
+            return None
+        return self.answers.accepted_per_s(now_s)
+
+    def take_share(self, now_s: float, extra_per_s: float) -> bool:
+        """A fleet peer's freed share of the bucket: the budget's rate grows by
+        ``extra_per_s`` if work waits for it (else there is nothing to take)."""
+        if not self.has_waiting:
+            return False
+        self.rate.take_share(now_s, extra_per_s)
+        self._pacer.follow(self.rate.rate_per_s, now_s)
+        return True
 
     def _check_isolation(self, lane: Lane) -> None:
         """An isolated lane whose own rate has grown to the whole budget's is held back by

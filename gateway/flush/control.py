@@ -272,6 +272,21 @@ class AdaptiveRate:
             through.accepted += accepted
             through.last_s = max(through.last_s, sent_s)
 
+    def take_share(self, now_s: float, extra_per_s: float) -> None:
+        """A gateway of the fleet stopped sending to this bucket: ``extra_per_s`` of what
+        it got through falls to this budget (``shares.py``). The rate and the limit it
+        knows grow by it at once, and the curve starts over from there, flat (the figure
+        was measured by the peer, not probed): without it, the rate a finished peer used
+        is found again only by probing, at the end of every drain that many gateways
+        share. In a slow start with no limit known, only the rate grows."""
+        if extra_per_s <= 0:
+            return
+        self.tick(now_s, self._binding)
+        if self.w_max_per_s is None:
+            self._rate = self._clamp(self._rate + extra_per_s)
+            return
+        self._start_epoch(now_s, self.w_max_per_s + extra_per_s, self._rate + extra_per_s)
+
     def forget_limit(self) -> None:
         """What was learnt about the limit was not this budget's (a lane throttled on its
         own drove the cuts): find it again by slow start from the current rate."""

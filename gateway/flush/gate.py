@@ -142,6 +142,7 @@ class Gate:
         for ticket in granted:
             ticket.is_bound = bound
             self.waiting_claimed -= ticket.is_claimed
+            self.lanes.budget(ticket.lane.bucket, now_s).in_flight += 1
         return granted, next_s
 
     @property
@@ -184,6 +185,7 @@ class Gate:
             return
         ticket.is_done = True
         self.in_flight -= 1
+        self.lanes.budget(ticket.lane.bucket, now_s).in_flight -= 1
         if outcome is Outcome.THROTTLED:
             self.throttled += 1
             if self.lanes.on_answer(ticket, now_s, throttled=True, retry_after_s=retry_after_s):
@@ -206,6 +208,21 @@ class Gate:
         elif not ticket.is_cancelled:
             self.lanes.cancel(ticket)
             self.waiting_claimed -= ticket.is_claimed
+
+    def shares(self, now_s: float) -> dict[str, float]:
+        """Per bucket this gateway sends to now, what it got through lately (requests/s):
+        its share of the bucket's limit, told to the fleet (``shares.py``)."""
+        return {
+            bucket: share
+            for bucket, budget in self.lanes.budgets_by_name().items()
+            if (share := budget.share_per_s(now_s)) is not None
+        }
+
+    def take_share(self, bucket: str, extra_per_s: float, now_s: float) -> bool:
+        """A fleet peer's freed share of ``bucket`` (``BucketBudget.take_share``); False
+        when this gateway does not need it. The owner pumps after a True."""
+        budget = self.lanes.budgets_by_name().get(bucket)
+        return budget is not None and budget.take_share(now_s, extra_per_s)
 
     def claim_room(self, tasks: int) -> int:
         """How many more rows to claim, with ``tasks`` uploads running: free slots, where a
@@ -281,6 +298,17 @@ class RequestGate:
 
     def resume(self) -> None:
         self._resumed.set()
+
+    # -- the fleet's shares (``shares.ShareGate``) --------------------------------------
+
+    def shares(self) -> dict[str, float]:
+        return self.core.shares(self._clock.monotonic())
+
+    def take_share(self, bucket: str, extra_per_s: float) -> bool:
+        taken = self.core.take_share(bucket, extra_per_s, self._clock.monotonic())
+        if taken:
+            self._pump()
+        return taken
 
     @property
     def is_paused(self) -> bool:

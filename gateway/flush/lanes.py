@@ -248,6 +248,10 @@ class Lanes:
         """The lane of a key if it exists (no side effects: safe from the journal thread)."""
         return self._lanes.get((bucket, self.prefix_of(key)))
 
+    def budgets_by_name(self) -> dict[str, BucketBudget]:
+        """Every bucket's budget made so far (read only)."""
+        return self._budgets
+
     def budget(self, bucket: str, now_s: float) -> BucketBudget:
         budget = self._budgets.get(bucket)
         if budget is None:

@@ -33,6 +33,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def prefix_at(key: str, depth: int) -> str:
@@ -281,6 +282,20 @@ def checkpoint_keys(gateway: int, ranks: int, shards: int, step: int = 1) -> lis
     ]
 
 
+REPORT_S = 1.0  # a fleet member's lease renewals: every lease_s / 3 (3 s by default)
+
+
+def _report(sim: Sim, g: Any, gws: Sequence[Any]) -> None:
+    """``g`` tells every other gateway its shares (a one-way trip later), and again in a
+    second while it has work left."""
+    report = dict(g.shares.report())
+    for h in gws:
+        if h is not g:
+            sim.at(sim.now_s + 0.001, lambda h=h: h.shares.on_report(str(g.ident), report))
+    if g.finished_s is None or report:
+        sim.at(sim.now_s + REPORT_S, lambda: _report(sim, g, gws))
+
+
 def run(
     s3: S3Model,
     *,
@@ -291,11 +306,14 @@ def run(
     net: Net | None = None,
     after_s: float = 3.0,
     until_s: float = 36000.0,
+    fleet_shares: bool = True,
     **gateway_opts: object,
 ) -> Result:
     """Every gateway writes its checkpoint at t=0 and flushes until done
     (``gateway_opts``: ``sim_gateway.SimGateway``'s). The drain counts from t=0, the
-    minimum from the first request (the bench's figures: ``loadtest/bench.py``)."""
+    minimum from the first request (the bench's figures: ``loadtest/bench.py``). Several
+    gateways are a fleet (``fleet_shares``): each tells the others its shares once a
+    second, at its own phase, as its lease renewals do (``flush/shares.py``)."""
     from sim_gateway import SimGateway  # the gateway model builds on this module
 
     sim = Sim(seed)
@@ -313,6 +331,10 @@ def run(
         )
         for g in range(gateways)
     ]
+    if fleet_shares and gateways > 1:
+        phases = random.Random(seed + 7919)  # not the simulation's own draws
+        for g in gws:
+            sim.at(phases.uniform(0, REPORT_S), lambda g=g: _report(sim, g, gws))
     sim.run(until_s, lambda: all(g.finished_s is not None for g in gws))
     finish = [g.finished_s if g.finished_s is not None else math.inf for g in gws]
     keys = [k for g in range(gateways) for k in checkpoint_keys(g, ranks, shards)]

@@ -25,6 +25,7 @@ from gateway.flush.control import RateConfig
 from gateway.flush.gate import Gate, GateConfig, Outcome
 from gateway.flush.lanes import Lane, LaneConfig, Lanes, Ticket
 from gateway.flush.policy import FlushPolicy, PolicyConfig, Room
+from gateway.flush.shares import FleetShares
 from gateway.flush.window import WindowConfig
 
 _PAUSED_LANE_S = 0.25  # a paused lane is looked at again after this (FlushOrder's first)
@@ -93,6 +94,8 @@ class SimGateway:
         self.finished_s: float | None = None
         self.first_sent_s = math.inf
         self.requests = 0
+        # The fleet's shares (the REAL ``FleetShares``; ``s3sim.run`` carries the reports).
+        self.shares = FleetShares(_ShareGate(self), lambda: sim.now_s)
         self.throttled = 0
         self._pump_at = math.inf
         self._due_at = math.inf
@@ -236,3 +239,19 @@ class SimGateway:
         ceiling = min(_BACKOFF_CAP_S, self._retry_base_s * 2**attempt)
         delay = self.sim.rng.uniform(0, ceiling)
         self.sim.at(now + delay, lambda: (self._submit(upload, kind), self.pump()))
+
+
+class _ShareGate:
+    """``shares.ShareGate`` over a simulated gateway's core gate (``RequestGate``'s)."""
+
+    def __init__(self, gw: SimGateway) -> None:
+        self._gw = gw
+
+    def shares(self) -> dict[str, float]:
+        return self._gw.gate.shares(self._gw.sim.now_s)
+
+    def take_share(self, bucket: str, extra_per_s: float) -> bool:
+        taken = self._gw.gate.take_share(bucket, extra_per_s, self._gw.sim.now_s)
+        if taken:
+            self._gw.pump()
+        return taken

@@ -31,6 +31,7 @@ COMMIT = ReplicaCommit("a", "d1", 7, META, False, ("s1",), (), 3.0)
         NODE,
         LeaseRequest(NODE, 9000, 7, ("d2", 3.0)),
         LeaseRequest(NODE, 9000, 0, None),
+        LeaseRequest(NODE, 9000, 0, None, (("bkt", 12.5), ("other", 0.0))),
         LeaseGrant(NODE, 3.0, 9, (("bkt", "ckpt/1/"), ("bkt", ""))),
         LeaseGrant(NODE, 3.0, 9, None),
         DirChange("a", ("d1", 12.5), "bkt", "ckpt/1/", 4, True),
@@ -47,6 +48,13 @@ def test_messages_round_trip(message: object) -> None:
     assert type(message).from_json(message.to_json()) == message  # type: ignore[attr-defined]
 
 
+def test_a_lease_request_without_shares_has_none() -> None:
+    """An older gateway's renewal (no ``shares``): it reports nothing."""
+    doc = LeaseRequest(NODE, 9000, 0, None).to_json()
+    del doc["shares"]
+    assert LeaseRequest.from_json(doc).shares == ()
+
+
 def test_peer_rows_round_trip() -> None:
     row = PeerRow("k", 3, "e", 1.0, 2.0, True)
     assert PeerRow.from_json(row.to_json()) == row
@@ -60,6 +68,15 @@ def test_peer_rows_round_trip() -> None:
         (NodeInfo, {"node": 1, "datadir_id": "d", "started_s": 0}),
         (NodeInfo, {"node": "a", "datadir_id": "d", "started_s": True}),
         (LeaseRequest, {"holder": NODE.to_json(), "port": 70000, "known_version": 0}),
+        (LeaseRequest, {"holder": NODE.to_json(), "port": 1, "known_version": 0, "shares": {}}),
+        (
+            LeaseRequest,
+            {"holder": NODE.to_json(), "port": 1, "known_version": 0, "shares": [["b", -1]]},
+        ),
+        (
+            LeaseRequest,
+            {"holder": NODE.to_json(), "port": 1, "known_version": 0, "shares": [[1, 2.0]]},
+        ),
         (
             LeaseRequest,
             {"holder": NODE.to_json(), "port": 1, "known_version": 0, "known_incarnation": ["x"]},

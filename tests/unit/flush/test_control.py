@@ -288,3 +288,24 @@ def test_what_got_through_while_refused_raises_a_limit_measured_low() -> None:
             budget.on_throttle(s, s + 0.05)
     budget.on_success(t + 0.2, t + 0.25)  # a request sent after the cut: it is known
     assert budget.w_max_per_s == pytest.approx(3500, rel=0.05)
+
+
+# -- the fleet's shares -----------------------------------------------------------------
+
+
+def test_a_share_taken_over_raises_the_rate_and_the_limit_at_once() -> None:
+    budget = _steady(100.0, at_s=0.0)
+    _grow(budget, 0.0, 10.0)  # recovered to w_max
+    budget.take_share(10.0, 25.0)
+    assert budget.w_max_per_s == pytest.approx(125.0, rel=0.02)
+    assert budget.rate_per_s == pytest.approx(125.0, rel=0.02)
+    assert _grow(budget, 10.0, 11.0) == pytest.approx(125.0, rel=0.01)  # flat from there
+
+
+def test_a_share_taken_over_in_a_first_slow_start_only_adds_to_the_rate() -> None:
+    budget = AdaptiveRate(CONFIG, 0.0)
+    budget.take_share(0.5, 15.0)
+    assert budget.rate_per_s == pytest.approx(25.0)
+    assert budget.w_max_per_s is None and budget.is_slow_start
+    budget.take_share(0.6, 0.0)  # nothing freed: nothing changes
+    assert budget.rate_per_s == pytest.approx(25.0)

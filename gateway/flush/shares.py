@@ -1,0 +1,100 @@
+"""The fleet's shares of a bucket: a gateway that stops sending to a bucket hands what it
+got through to the gateways still sending to it (pure, clock-free; docs/flow-control.md,
+"Several gateways").
+
+Gateways sharing one of S3's partitions each find their share of its limit from their own
+answers (``control.py``). When one of them finishes its part of a checkpoint, the limit
+it was using is free, but the others find it only by probing past what they know (the
+cubic's slow start, seconds at a few requests a second each), and the drain ends at the
+pace of the last one: with 8 gateways at 60 requests/s the simulator drained in 1.20-1.27x
+the minimum, with the hand-over in 1.02-1.12x.
+
+Every member tells the others, with each lease renewal (about once a second), what it got
+through lately to each bucket it sends to (``Gate.shares``). When a bucket leaves a peer's
+report, the peer's last figure is split among the members still sending to that bucket,
+in proportion to what each gets through, by each one for itself from the reports it
+heard: this node takes ``freed * mine / (mine + others')`` (``Gate.take_share``, only
+while its rate holds work back). A peer that falls silent hands nothing over (it may
+still be sending, cut off from this node but not from S3); its figures are forgotten.
+
+It only ever raises a rate by what a peer measured as going through. Where the peers do
+not share a partition (S3 partitions by prefix and does not say how), the raise is
+refused by this node's own partition, and the first 503 cuts it back as any other
+overshoot is: one congestion event per hand-over, no more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway import metrics
+
+STALE_S = 5.0  # a peer not heard from this long counts for nothing (reports every ~1 s)
+
+
+class ShareGate(Protocol):
+    """What the shares need of a gateway's request gate (``RequestGate``)."""
+
+    def shares(self) -> dict[str, float]:
+        """Bucket -> requests/s got through lately, for the buckets sent to now."""
+        ...
+
+    def take_share(self, bucket: str, extra_per_s: float) -> bool:
+        """Raise the bucket's rate by ``extra_per_s`` if it holds work back."""
+        ...
+
+
+@dataclass(slots=True)
+class _Peer:
+    heard_s: float
+    shares: dict[str, float] = field(default_factory=dict)
+
+
+class FleetShares:
+    """This node's side (module docstring). ``clock``: monotonic seconds."""
+
+    def __init__(self, gate: ShareGate, clock: Callable[[], float]) -> None:
+        self._gate = gate
+        self._clock = clock
+        self._peers: dict[str, _Peer] = {}
+        self.taken_per_s = 0.0  # what this node took over so far (a figure for status)
+        self.handovers = 0
+
+    def report(self) -> tuple[tuple[str, float], ...]:
+        """What this node tells its peers: (bucket, requests/s) of each bucket it sends to."""
+        return tuple(sorted(self._gate.shares().items()))
+
+    def on_report(self, peer: str, shares: Mapping[str, float]) -> None:
+        """``peer``'s report: the buckets it stopped sending to since its last one are
+        handed over."""
+        now_s = self._clock()
+        self._forget_stale(now_s)
+        before = self._peers.get(peer)
+        self._peers[peer] = _Peer(now_s, {b: max(0.0, float(r)) for b, r in shares.items()})
+        if before is None:
+            return
+        for bucket, freed_per_s in before.shares.items():
+            if bucket not in shares and freed_per_s > 0:
+                self._hand_over(bucket, freed_per_s)
+
+    def forget(self, peer: str) -> None:
+        """``peer`` left the fleet: it hands nothing over (it drained before it left)."""
+        self._peers.pop(peer, None)
+
+    def _hand_over(self, bucket: str, freed_per_s: float) -> None:
+        mine = self._gate.shares().get(bucket)
+        if not mine:
+            return
+        others = sum(p.shares.get(bucket, 0.0) for p in self._peers.values())
+        extra_per_s = freed_per_s * mine / (mine + others)
+        if self._gate.take_share(bucket, extra_per_s):
+            self.taken_per_s += extra_per_s
+            self.handovers += 1
+            metrics.FLOW_SHARES_TAKEN.labels(bucket).inc()
+            metrics.FLOW_SHARES_TAKEN_RATE.labels(bucket).inc(extra_per_s)
+
+    def _forget_stale(self, now_s: float) -> None:
+        for peer in [p for p, v in self._peers.items() if v.heard_s < now_s - STALE_S]:
+            del self._peers[peer]

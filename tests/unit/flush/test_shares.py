@@ -1,0 +1,87 @@
+"""The fleet's shares of a bucket (``flush/shares.py``): a member that stops sending to a
+bucket hands what it got through to those still sending, in proportion to theirs."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.flush.control import RateConfig
+from gateway.flush.gate import Gate, GateConfig
+from gateway.flush.lanes import LaneConfig, Lanes
+from gateway.flush.shares import STALE_S, FleetShares
+
+
+class FakeGate:
+    def __init__(self, shares: dict[str, float], wants: bool = True) -> None:
+        self.mine = shares
+        self.wants = wants
+        self.taken: list[tuple[str, float]] = []
+
+    def shares(self) -> dict[str, float]:
+        return dict(self.mine)
+
+    def take_share(self, bucket: str, extra_per_s: float) -> bool:
+        if self.wants:
+            self.taken.append((bucket, extra_per_s))
+        return self.wants
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_a_bucket_a_peer_stops_sending_to_is_split_by_what_each_gets_through() -> None:
+    gate, clock = FakeGate({"b": 20.0}), Clock()
+    shares = FleetShares(gate, clock)
+    shares.on_report("p", {"b": 30.0, "other": 5.0})
+    shares.on_report("q", {"b": 10.0})
+    clock.now_s = 1.0
+    shares.on_report("p", {"b": 29.0, "other": 5.0})  # still sending: nothing handed over
+    assert gate.taken == []
+    shares.on_report("p", {"other": 5.0})  # stopped: its last figure is freed
+    # Mine 20 of the 30 still sending (q 10): two thirds of p's 29.
+    assert gate.taken == [("b", pytest.approx(29.0 * 20 / 30))]
+    assert shares.handovers == 1
+    assert shares.report() == (("b", 20.0),)
+
+
+def test_nothing_is_taken_by_a_node_that_does_not_send_to_the_bucket() -> None:
+    gate, clock = FakeGate({}), Clock()
+    shares = FleetShares(gate, clock)
+    shares.on_report("p", {"b": 30.0})
+    shares.on_report("p", {})
+    assert gate.taken == []
+
+
+def test_a_first_report_a_silent_peer_and_a_peer_that_left_hand_nothing_over() -> None:
+    gate, clock = FakeGate({"b": 10.0}), Clock()
+    shares = FleetShares(gate, clock)
+    shares.on_report("p", {})  # its first: nothing known before it
+    shares.on_report("q", {"b": 40.0})
+    shares.on_report("r", {"b": 40.0})
+    shares.forget("r")  # said goodbye
+    clock.now_s = STALE_S + 1
+    shares.on_report("p", {})  # q is stale: forgotten, not handed over
+    shares.on_report("q", {})  # back, as if new
+    shares.on_report("r", {})
+    assert gate.taken == []
+
+
+def test_a_gate_takes_a_share_only_while_work_waits_for_its_rate() -> None:
+    lanes = Lanes(LaneConfig(depth=1), RateConfig(initial_per_s=10.0))
+    gate = Gate(lanes, GateConfig(), 0.0)
+    assert gate.shares(0.0) == {}
+    assert not gate.take_share("b", 5.0, 0.0)  # no budget yet
+    lane = gate.lane_for("b", "ckpt/x", 0.0)
+    for i in range(40):
+        gate.submit(lane, i, 100, 0.0)
+    granted, _ = gate.pump(0.0)
+    assert 0 < len(granted) < 40  # the rate holds the rest back
+    assert set(gate.shares(0.0)) == {"b"}
+    before = lanes.budget("b", 0.0).rate.rate_per_s
+    assert gate.take_share("b", 5.0, 0.1)
+    assert lanes.budget("b", 0.0).rate.rate_per_s == pytest.approx(before + 5.0)
