@@ -130,9 +130,9 @@ def start_emulator(workdir: Path, name: str, **opts: Any) -> tuple[Proc, str]:
 
 
 def start_gateway(
-    workdir: Path, name: str, upstream: str, extra: list[str]
+    workdir: Path, name: str, upstream: str, extra: list[str], port: int | None = None
 ) -> tuple[Proc, str, str]:
-    port, admin = free_port(), free_port()
+    port, admin = port or free_port(), free_port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--listen", f"127.0.0.1:{port}"]
     cmd += ["--admin-listen", f"127.0.0.1:{admin}", "--data-dir", str(workdir / f"{name}-data")]
     cmd += ["--upstream-endpoint", upstream, "--access-key", GW_KEY, "--secret-key", GW_SECRET]
@@ -291,6 +291,21 @@ def _drain(admin: str, deadline: float) -> tuple[bool, Any]:
     return drained, last
 
 
+def _wait_fleet(admins: list[str], timeout_s: float = 60.0) -> None:
+    """Until every gateway counts every other as a reachable member."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        views = [http(a + "/admin/v1/fleet")[1] for a in admins]
+        if all(
+            isinstance(v, dict)
+            and sum(1 for m in v.get("members", []) if m.get("lease_trusted")) >= len(admins) - 1
+            for v in views
+        ):
+            return
+        time.sleep(0.2)
+    raise BenchError(f"the fleet did not form in {timeout_s:.0f} s")
+
+
 def gateway_leg(
     workdir: Path,
     profile: Profile,
@@ -301,12 +316,26 @@ def gateway_leg(
     gateways: int = 1,
     limit_per_s: float | None = None,
     paused_ingest: bool = False,
+    fleet: bool = False,
 ) -> dict[str, Any]:
     emu, url = start_emulator(workdir, "gateway-emulator", **throttles)
     procs: list[Proc] = []
     try:
-        started = [start_gateway(workdir, f"gateway{g}", url, extra) for g in range(gateways)]
+        ports = [free_port() for _ in range(gateways)]
+        peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+        started = [
+            start_gateway(
+                workdir,
+                f"gateway{g}",
+                url,
+                [*extra, "--node-id", f"gateway{g}", "--peers", peers] if fleet else extra,
+                port,
+            )
+            for g, port in enumerate(ports)
+        ]
         procs = [p for p, _, _ in started]
+        if fleet:
+            _wait_fleet([admin for _, _, admin in started])
         if paused_ingest:  # the whole burst first: the flushers then start together
             for _, _, admin in started:
                 http(admin + "/admin/v1/flush/pause", "POST")
@@ -583,6 +612,11 @@ def _arguments() -> argparse.ArgumentParser:
     t.add_argument("--storm", type=_pair, default=None, help="START:END: every request 503")
     t.add_argument("--split-after", type=float, default=None, help="s of load before a split")
     p.add_argument("--gateways", type=int, default=1, help="gateways sharing the emulator")
+    p.add_argument(
+        "--fleet",
+        action="store_true",
+        help="the gateways are one fleet (--peers: each tells the others its shares)",
+    )
     p.add_argument("--lane-depth", type=int, default=3, help="the gateways' --lane-depth")
     p.add_argument("--gateway-arg", action="append", default=[], help="extra serve flag")
     p.add_argument("--legs", default="direct,gateway", help="direct,gateway or one of them")
@@ -661,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
                 gateways=args.gateways,
                 limit_per_s=limit,
                 paused_ingest=args.paused_ingest,
+                fleet=args.fleet,
             )
         if args.sim and res.get("gateway"):
             res["simulator"] = _simulated(args, profile, throttles, res["gateway"])
@@ -705,6 +740,7 @@ def _simulated(
         ingest_s=float(gateway["burst"]["stall_s"]),
         paused_ingest=args.paused_ingest,
         seeds=[int(s) for s in args.sim.split(",")],
+        fleet=args.fleet,
     )
     return {
         "ratios": figures.ratios,

@@ -38,6 +38,7 @@ def simulate(
     ingest_s: float,
     paused_ingest: bool,
     seeds: list[int],
+    fleet: bool = False,
 ) -> SimFigures:
     """The bench's case in the simulator (``throttles``: the emulator's options)."""
     latency_s = float(throttles["latency_ms"]) / 1000
@@ -66,6 +67,7 @@ def simulate(
                 size_bytes=size_bytes,
                 write_back_s=0.0 if paused_ingest else WRITE_BACK_S,
                 ingest_s=0.0 if paused_ingest else ingest_s,
+                fleet_shares=fleet,
             )
         )
     return SimFigures(
