@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetutil import fleet_of, until, wait_joined
-from harness import REPO_ROOT, GatewayProcess, http_request, payload, quoted_md5, upstream_client
+from harness import REPO_ROOT, GatewayProcess, payload, quoted_md5, upstream_client
 
 sys.path.insert(0, str(REPO_ROOT / "loadtest"))
 
@@ -20,12 +20,7 @@ BUCKET = "shares"
 
 
 def shares_taken(gw: GatewayProcess) -> float:
-    """``gateway_flow_shares_taken_total`` of the bucket."""
-    text = http_request("GET", f"{gw.admin}/metrics", timeout=10).body.decode()
-    wanted = f'gateway_flow_shares_taken_total{{bucket="{BUCKET}"}}'
-    return sum(
-        float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(wanted)
-    )
+    return gw.metric("gateway_flow_shares_taken", f'bucket="{BUCKET}"')
 
 
 def test_a_gateway_done_with_a_bucket_hands_its_share_to_the_one_still_sending(
