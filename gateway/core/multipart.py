@@ -176,7 +176,7 @@ class MultipartService:
             )
         if replica is not None:
             try:
-                await replica.staged(blob.digests["md5"].hex(), blob.size_bytes)
+                await replica.staged(blob.digests["md5"].hex(), blob.size_bytes, blob.crc32c)
             except BaseException:
                 await self._blobs.discard([blob.blob_id])
                 raise
@@ -273,6 +273,7 @@ class MultipartService:
                 stage_ids=[f"{upload_id}.{p.part_number}" for p in chosen],
                 parts=[(p.size_bytes, p.etag) for p in chosen],
                 resend=self._part_body(upload_id, chosen),
+                crc32cs=[p.crc32c for p in chosen],
             )
         if self._listener is not None:
             self._listener.upload_completed(upload, row, chosen)

@@ -126,7 +126,9 @@ class ObjectService:
         try:
             holders: Sequence[Holder] = ()
             if replica is not None:  # durable on the holders before anything commits here
-                holders = await replica.staged(blob.digests["md5"].hex(), blob.size_bytes)
+                holders = await replica.staged(
+                    blob.digests["md5"].hex(), blob.size_bytes, blob.crc32c
+                )
             await announced  # the fleet knows the key's directory before it is acked
             meta = ObjectMeta(
                 bucket=req.bucket,

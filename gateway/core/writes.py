@@ -104,6 +104,7 @@ async def commit_replicas(
     stage_ids: Sequence[str] = (),
     parts: Sequence[tuple[int, str]] = (),
     resend: Callable[[str], AsyncIterator[bytes]] | None = None,
+    crc32cs: Sequence[int | None] = (),
 ) -> None:
     """Commit the version ``row`` (committed here) on its holders before the ack: under
     the strict policy SlowDown when too few commit (the version stays here, its client
@@ -118,6 +119,7 @@ async def commit_replicas(
         stage_ids=stage_ids,
         parts=parts,
         resend=resend,
+        crc32cs=crc32cs,
     )
     metrics.REPLICA_LAG_S.observe(time.monotonic() - started_s)
 

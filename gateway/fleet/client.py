@@ -19,7 +19,14 @@ import yarl
 
 from gateway.clock import Clock
 from gateway.fleet import auth
-from gateway.fleet.transport import PeerError, PeerHead, PeerRead, PeerUnavailable, SocketSpan
+from gateway.fleet.transport import (
+    PeerError,
+    PeerHead,
+    PeerRead,
+    PeerUnavailable,
+    SocketSpan,
+    crc32c_sum,
+)
 from gateway.fleet.wire import (
     PATH_PREFIX,
     DirChange,
@@ -201,11 +208,14 @@ class PeerClient:
         body: AsyncIterator[bytes],
         timeout_s: float,
         size_bytes: int | None = None,
+        by_crc32c: bool = False,
     ) -> tuple[str, int]:
         path = PATH_PREFIX + "replica/body"
         params = {"owner": owner, "stage": stage_id, "bucket": bucket, "key": key}
         if upload is not None:
             params.update({"upload": upload[0], "part": str(upload[1])})
+        if by_crc32c:
+            params["sum"] = "crc32c"
         query = urllib.parse.urlencode(params)
         headers = self._signed("PUT", path, query, None)  # streamed: its digests protect it
         url = yarl.URL(f"{self._scheme}://{address}{path}?{query}", encoded=True)
@@ -216,6 +226,8 @@ class PeerClient:
                 if resp.status != 200:
                     raise PeerUnavailable(f"replica: HTTP {resp.status} {payload[:200]!r}")
                 doc = json.loads(payload)
+                if "crc32c" in doc:  # staged by its CRC32C (an older holder: by MD5)
+                    return crc32c_sum(int(doc["crc32c"])), int(doc["size"])
                 return str(doc["md5"]), int(doc["size"])
         except PeerUnavailable:
             raise

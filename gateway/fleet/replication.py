@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from gateway import metrics
 from gateway.errors import SlowDown
 from gateway.fleet.membership import Member, Membership
-from gateway.fleet.transport import PeerTransport, PeerUnavailable
+from gateway.fleet.transport import PeerTransport, PeerUnavailable, crc32c_sum
 from gateway.fleet.view import Holder
 from gateway.fleet.wire import INLINE_BODY_MAX_BYTES, NodeInfo, ReplicaCommit
 from gateway.models import ObjectMeta
@@ -149,6 +149,7 @@ class ReplicaWrite:
         self._queues: dict[str, asyncio.Queue[bytes | None]] = {}
         self._sends: dict[str, asyncio.Task[tuple[str, int]]] = {}
         self._small_body: bytes | None = None  # sent with the commit
+        self._crc32c: int | None = None  # the body's, once staged: named in its commit
         self.failed: set[str] = set()
 
     # -- the body -------------------------------------------------------------------------
@@ -175,6 +176,7 @@ class ReplicaWrite:
                 self.upload,
                 body,
                 _BODY_TIMEOUT_S,
+                by_crc32c=True,  # the holder spares itself an MD5 pass over the body
             )
             self._sends[member.node_id] = asyncio.ensure_future(send)
         try:
@@ -225,12 +227,17 @@ class ReplicaWrite:
         for send in self._sends.values():
             send.cancel()
 
-    async def staged(self, md5_hex: str, size_bytes: int) -> list[Member]:
-        """The holders that staged the body (its MD5 and size as written here). Strict
-        policy: SlowDown when fewer than N did (nothing is committed anywhere then). A
-        small body is with every holder so far: it travels with the commit."""
+    async def staged(
+        self, md5_hex: str, size_bytes: int, crc32c: int | None = None
+    ) -> list[Member]:
+        """The holders that staged the body (its MD5, CRC32C and size as written here: a
+        holder checks it by one or the other). Strict policy: SlowDown when fewer than N
+        did (nothing is committed anywhere then). A small body is with every holder so
+        far: it travels with the commit."""
+        self._crc32c = crc32c
         if self._small_body is not None:
             return list(self.holders)
+        by_crc32c = "" if crc32c is None else crc32c_sum(crc32c)
         out = []
         for member in self.holders:
             send = self._sends.get(member.node_id)
@@ -244,7 +251,8 @@ class ReplicaWrite:
                 )
                 self.failed.add(member.node_id)
                 continue
-            if (got_md5, got_size) != (md5_hex, size_bytes):
+            wanted = by_crc32c if got_md5.startswith("crc32c:") else md5_hex
+            if (got_md5, got_size) != (wanted, size_bytes):
                 log.error(
                     "replica of %s/%s on %s differs: %s/%d, here %s/%d",
                     self.bucket,
@@ -252,7 +260,7 @@ class ReplicaWrite:
                     member.node_id,
                     got_md5,
                     got_size,
-                    md5_hex,
+                    wanted,
                     size_bytes,
                 )
                 self.failed.add(member.node_id)
@@ -279,11 +287,14 @@ class ReplicaWrite:
         parts: Sequence[tuple[int, str]] = (),
         resend: Callable[[str], AsyncIterator[bytes]] | None = None,
         is_early: bool = False,
+        crc32cs: Sequence[int | None] = (),
     ) -> int:
         """Commit the version on ``holders``; returns on how many it is committed. A holder
         missing a body gets it again from ``resend(stage_id)`` (a part of a multipart upload
         it did not stage), then the commit once more. ``is_early``: sent beside this
-        node's own commit of ``seq`` (``withdraw`` it if that fails)."""
+        node's own commit of ``seq`` (``withdraw`` it if that fails). ``crc32cs``: each
+        stage id's body's CRC32C (for bodies a holder staged by it; by default this
+        write's own body's)."""
         me = self._replication.me
         doc = ReplicaCommit(
             me.node_id,
@@ -296,6 +307,7 @@ class ReplicaWrite:
             acked_s,
             self._small_body if list(stage_ids) == [self.stage_id] else None,
             is_early,
+            tuple(crc32cs) or (self._crc32c,) * (list(stage_ids) == [self.stage_id]),
         )
         chosen = [m for m in self.holders if m.node_id in {h.node_id for h in holders}]
         results = await asyncio.gather(*(self._commit_one(m, doc, resend) for m in chosen))

@@ -151,11 +151,14 @@ class PeerTransport(Protocol):
         body: AsyncIterator[bytes],
         timeout_s: float,
         size_bytes: int | None = None,
+        by_crc32c: bool = False,
     ) -> tuple[str, int]:
         """Stream a body to a holder, which stages it durably: its MD5 (hex) and size.
         ``timeout_s`` bounds each wait on the holder, not the whole body; ``size_bytes``:
         the body's length when known (sent as Content-Length; small ones are staged in the
-        holder's journal)."""
+        holder's journal). ``by_crc32c``: the holder may check a streamed body by its
+        CRC32C alone (no MD5 pass over it): then it answers ``crc32c:<value>`` for the
+        MD5 (``crc32c_sum``), and the commit must name that CRC32C."""
         ...
 
     async def replica_commit(
@@ -184,3 +187,8 @@ class PeerTransport(Protocol):
         """The peer's unflushed rows under ``prefix`` after ``after`` (at most ``limit``, in
         key order) and whether more follow."""
         ...
+
+
+def crc32c_sum(crc32c: int) -> str:
+    """How a holder that staged a body by its CRC32C names what it got (``replica_body``)."""
+    return f"crc32c:{crc32c}"

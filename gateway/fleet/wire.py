@@ -465,6 +465,9 @@ class ReplicaCommit:
     acked_s: float
     body: bytes | None = None
     is_early: bool = False  # sent beside the writer's own commit (store/replicas.py)
+    # The CRC32C of each staged body, in stage_ids' order (None: not known), for bodies a
+    # holder staged by their CRC32C alone (``replica/body?sum=crc32c``: no MD5 pass).
+    crc32cs: tuple[int | None, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -481,6 +484,8 @@ class ReplicaCommit:
             doc["body"] = base64.b64encode(self.body).decode("ascii")
         if self.is_early:
             doc["is_early"] = True
+        if self.crc32cs:
+            doc["crc32cs"] = list(self.crc32cs)
         return doc
 
     @classmethod
@@ -509,7 +514,21 @@ class ReplicaCommit:
             _number(doc, "acked_s"),
             _body(doc, len(ids)),
             _field(doc, "is_early", bool) if "is_early" in doc else False,
+            _crc32cs(doc.get("crc32cs", []), len(ids)),
         )
+
+
+def _crc32cs(raw: Any, stage_ids: int) -> tuple[int | None, ...]:
+    if (
+        not isinstance(raw, list)
+        or len(raw) > stage_ids
+        or not all(
+            c is None or (isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1 << 32)
+            for c in raw
+        )
+    ):
+        raise WireError("crc32cs: expected a CRC32C (or null) per stage id")
+    return tuple(raw)
 
 
 def _body(doc: Mapping[str, Any], stage_ids: int) -> bytes | None:

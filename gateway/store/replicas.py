@@ -151,12 +151,15 @@ class ReplicaStore:
         inline: tuple[bytes, float] | None = None,
         *,
         is_early: bool = False,
+        expected_crc32c: Sequence[int | None] = (),
     ) -> tuple[list[str], list[str]]:
         """Commit a version whose bodies are staged here (each hashing to its
-        ``expected_md5``, when given). Returns the stage ids that are missing or differ
-        (then nothing is committed), and the blobs of the older versions of the same key
-        from the same writer it supersedes (dropped; unlink them after). A version older
-        than one already held (their commits crossed) is not kept: its bodies' blobs.
+        ``expected_md5``, when given; a body staged by its CRC32C alone, with no MD5, to
+        its ``expected_crc32c``, which must be given). Returns the stage ids that are
+        missing or differ (then nothing is committed), and the blobs of the older versions
+        of the same key from the same writer it supersedes (dropped; unlink them after). A
+        version older than one already held (their commits crossed) is not kept: its
+        bodies' blobs.
         ``inline``: (body, now) of a small single body staged by this same commit.
 
         A version held already (the same writer, data dir and seq) is committed: nothing
@@ -167,6 +170,7 @@ class ReplicaStore:
         older versions go when the writer says they are not needed, or at a takeover,
         which uploads the newest of each key: ``newest_of_each_key``)."""
         wanted = dict(zip(stage_ids, [*expected_md5, *([None] * len(stage_ids))], strict=False))
+        crcs = dict(zip(stage_ids, expected_crc32c, strict=False))
 
         def is_held(conn: sqlite3.Connection) -> bool:
             return (
@@ -186,11 +190,16 @@ class ReplicaStore:
 
         def staged(conn: sqlite3.Connection, stage_id: str) -> bool:
             row = conn.execute(
-                "SELECT md5 FROM replica_bodies WHERE stage_id = ? AND owner = ?",
+                "SELECT md5, crc32c FROM replica_bodies WHERE stage_id = ? AND owner = ?",
                 (stage_id, owner),
             ).fetchone()
+            if row is None:
+                return False
+            if not row[0]:  # staged by its CRC32C: the commit must name the same one
+                crc = crcs.get(stage_id)
+                return crc is not None and row[1] is not None and int(row[1]) == crc
             md5 = wanted.get(stage_id)
-            return row is not None and (md5 is None or str(row[0]) == md5)
+            return md5 is None or str(row[0]) == md5
 
         def op(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
             if is_held(conn):  # sent again (re-replication): its bodies need not come

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from awscrt import checksums as crt_checksums
 from botocore.exceptions import ClientError
 from fleetutil import fleet_of, until, wait_joined
 from harness import (
@@ -57,6 +58,16 @@ def replicas_held(gw: GatewayProcess) -> list[tuple[str, str]]:
     conn = sqlite3.connect(f"file:{gw.data_dir / 'journal.db'}?mode=ro", uri=True)
     try:
         return [(str(o), str(k)) for o, k in conn.execute("SELECT owner, key FROM replicas")]
+    finally:
+        conn.close()
+
+
+def staged_sums(gw: GatewayProcess, key: str) -> list[tuple[str, int]]:
+    """(md5, crc32c) of each body ``gw`` staged for ``key`` (its journal, read-only)."""
+    conn = sqlite3.connect(f"file:{gw.data_dir / 'journal.db'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT md5, crc32c FROM replica_bodies WHERE key = ?", (key,))
+        return [(str(m), int(c)) for m, c in rows]
     finally:
         conn.close()
 
@@ -133,9 +144,16 @@ def test_the_writer_lost_with_its_disk_mid_burst_loses_nothing(
     for gw in trio:
         for i in range(4):
             key = f"ckpt/9/{gw.data_dir.name}_{i}"
-            shards[key] = payload(3000 + i, key)
+            # One streamed body each (over the inline size), the rest inline.
+            shards[key] = payload(200_000 + i if i == 3 else 3000 + i, key)
             gw.client().put_object(Bucket=bucket, Key=key, Body=shards[key])
     a.client().put_object(Bucket=bucket, Key="ckpt/9/.metadata", Body=b"meta")
+    # The holder of b's streamed shard checked it by its CRC32C, with no MD5 pass.
+    streamed = "ckpt/9/b_3"
+    [(md5, crc)] = [
+        row for gw in (a, c) for row in staged_sums(gw, streamed)
+    ]  # fmt: skip
+    assert (md5, crc) == ("", crt_checksums.crc32c(shards[streamed]))
     b.kill()
     shutil.rmtree(b.data_dir)  # the node is gone with its disk
     deadline = time.monotonic() + 60

@@ -194,6 +194,7 @@ class ReplicaTransport(SimTransport):
         body: AsyncIterator[bytes],
         timeout_s: float,
         size_bytes: int | None = None,
+        by_crc32c: bool = False,  # the simulated holder stages by MD5 (answered as such)
     ) -> tuple[str, int]:
         whole = b"".join([piece async for piece in body])  # read here: the writer sent it
         return await self._net.call(

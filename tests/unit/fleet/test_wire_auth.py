@@ -42,6 +42,7 @@ COMMIT = ReplicaCommit("a", "d1", 7, META, False, ("s1",), (), 3.0)
         COMMIT,
         ReplicaCommit("a", "d1", 7, META, False, ("s1",), (), 3.0, b"hello\x00\xff"),
         ReplicaCommit("a", "d1", 8, META, True, (), (), 3.0),
+        ReplicaCommit("a", "d1", 9, META, False, ("s1", "s2"), (), 3.0, crc32cs=(7, None)),
     ],
 )
 def test_messages_round_trip(message: object) -> None:
@@ -113,6 +114,9 @@ def test_peer_rows_round_trip() -> None:
         (ReplicaCommit, {**COMMIT.to_json(), "body": "not base64!"}),
         (ReplicaCommit, {**COMMIT.to_json(), "body": "QUJD" * 30_000}),  # over 64 KiB
         (ReplicaCommit, {**COMMIT.to_json(), "stage_ids": ["s1", "s2"], "body": "QUJD"}),
+        (ReplicaCommit, {**COMMIT.to_json(), "crc32cs": [1, 2]}),  # more than stage ids
+        (ReplicaCommit, {**COMMIT.to_json(), "crc32cs": [1 << 32]}),
+        (ReplicaCommit, {**COMMIT.to_json(), "crc32cs": ["7"]}),
     ],
 )
 def test_malformed_messages_are_wire_errors(kind: type, doc: object) -> None:

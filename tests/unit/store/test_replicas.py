@@ -121,3 +121,26 @@ async def test_a_version_held_already_is_committed_without_its_bodies(journal: J
     assert journal.figures.replica_bytes == 5  # the second staging was dropped
     # Another data dir of the same writer is another version.
     assert await store.commit("w", "d2", 1, meta, False, ["x"], [], 11.0) == (["x"], [])
+
+
+async def test_a_body_staged_by_its_crc32c_commits_only_with_that_crc32c(
+    journal: Journal,
+) -> None:
+    """A streamed body the holder staged without an MD5 pass (``replica/body?sum=crc32c``)
+    is part of a version only if the commit names the same CRC32C; a commit that names
+    none or another one finds it missing (the writer then sends it again)."""
+    store = ReplicaStore(journal)
+    body = b"x" * 100_000
+    meta = _meta("k", body)
+    await store.stage("s1", "w", "bkt", "k", "blob1", len(body), "", 1234, 1.0)
+    for crcs in ([], [None], [4321]):
+        missing, _ = await store.commit(
+            "w", "d", 1, meta, False, ["s1"], [], 11.0, [meta.etag], expected_crc32c=crcs
+        )
+        assert missing == ["s1"], crcs
+    missing, _ = await store.commit(
+        "w", "d", 1, meta, False, ["s1"], [], 11.0, [meta.etag], expected_crc32c=[1234]
+    )
+    assert missing == []
+    [replica] = await store.for_key("bkt", "k")
+    assert replica.blob_ids == ("blob1",)
