@@ -138,6 +138,7 @@ def format_fleet(data: dict[str, Any]) -> str:
             lines.append(
                 f"  re-replicating what {r['holder']} held ({how}): {r['sent']} versions sent"
             )
+    lines += _shares(data.get("shares"), data["node"])
     held = data.get("held_markers") or []
     lines.append("")
     if held:
@@ -146,3 +147,28 @@ def format_fleet(data: dict[str, Any]) -> str:
     else:
         lines.append("no commit marker is held by the fleet")
     return "\n".join(lines) + "\n"
+
+
+def _shares(shares: dict[str, Any] | None, me: str) -> list[str]:
+    """Who sends to which bucket, requests/s each (flush/shares.py), and what this node
+    took over from members that stopped."""
+    if not shares:
+        return []
+    sending: dict[str, dict[str, float]] = {
+        b: dict(rates) for b, rates in (shares.get("peers") or {}).items()
+    }
+    for bucket, rate in (shares.get("mine") or {}).items():
+        sending.setdefault(bucket, {})[me] = rate
+    lines = ["", "sending to the bucket (requests/s got through, each member's last report):"]
+    for bucket in sorted(sending):
+        rates = sending[bucket]
+        each = ", ".join(f"{node} {rate:g}" for node, rate in sorted(rates.items()))
+        lines.append(f"  {bucket}: {sum(rates.values()):g} ({each})")
+    if len(lines) == 2:
+        lines.append("  (nothing)")
+    if shares.get("handovers"):
+        lines.append(
+            f"  taken over from members that stopped: {shares['taken_per_s']:g}/s in "
+            f"{shares['handovers']} hand-overs"
+        )
+    return lines

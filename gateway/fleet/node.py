@@ -40,6 +40,8 @@ class ShareReports(Protocol):
 
     def forget(self, peer: str) -> None: ...
 
+    def status(self) -> dict[str, object]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
@@ -393,6 +395,7 @@ class Fleet:
                 for h in self.fence.holds()
             ],
             "read_fallbacks": self.read_fallbacks,
+            "shares": None if self.shares is None else self.shares.status(),
             "replicas": None
             if self.replication is None
             else {

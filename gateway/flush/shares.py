@@ -79,6 +79,21 @@ class FleetShares:
             if bucket not in shares and freed_per_s > 0:
                 self._hand_over(bucket, freed_per_s)
 
+    def status(self) -> dict[str, object]:
+        """Who sends to which bucket at what rate, as the last reports said (this node's
+        too), and what this node took over (status page, ``gateway fleet``)."""
+        self._forget_stale(self._clock())
+        sending: dict[str, dict[str, float]] = {}
+        for peer, heard in self._peers.items():
+            for bucket, rate in heard.shares.items():
+                sending.setdefault(bucket, {})[peer] = round(rate, 2)
+        return {
+            "mine": {bucket: round(rate, 2) for bucket, rate in self.report()},
+            "peers": sending,
+            "handovers": self.handovers,
+            "taken_per_s": round(self.taken_per_s, 2),
+        }
+
     def forget(self, peer: str) -> None:
         """``peer`` left the fleet: it hands nothing over (it drained before it left)."""
         self._peers.pop(peer, None)

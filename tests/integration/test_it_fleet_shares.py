@@ -43,6 +43,8 @@ def test_a_gateway_done_with_a_bucket_hands_its_share_to_the_one_still_sending(
         assert shares_taken(a) == 0  # nobody stopped before it
         # a's next renewals leave the bucket out: b, still sending, takes a's share.
         until(lambda: shares_taken(b) >= 1, 15, "b to take a's share over")
+        shares = b.admin_get("/admin/v1/fleet")["shares"]
+        assert shares["handovers"] >= 1 and shares["taken_per_s"] > 0, shares
         b.drained(bucket=BUCKET, timeout=120)
         landed: dict[str, Any] = {
             o["Key"]: o["ETag"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.cli_fleet import format_fleet
 from gateway.flush.control import RateConfig
 from gateway.flush.gate import Gate, GateConfig
 from gateway.flush.lanes import LaneConfig, Lanes
@@ -85,3 +86,21 @@ def test_a_gate_takes_a_share_only_while_work_waits_for_its_rate() -> None:
     before = lanes.budget("b", 0.0).rate.rate_per_s
     assert gate.take_share("b", 5.0, 0.1)
     assert lanes.budget("b", 0.0).rate.rate_per_s == pytest.approx(before + 5.0)
+
+
+def test_the_status_says_who_sends_to_which_bucket_and_what_was_taken_over() -> None:
+    gate, clock = FakeGate({"b": 20.0}), Clock()
+    shares = FleetShares(gate, clock)
+    shares.on_report("p", {"b": 30.0, "c": 4.0})
+    shares.on_report("p", {"c": 4.0})  # p is done with b: all of it to this node
+    status = shares.status()
+    assert status == {
+        "mine": {"b": 20.0},
+        "peers": {"c": {"p": 4.0}},
+        "handovers": 1,
+        "taken_per_s": 30.0,
+    }
+    shown = format_fleet({"node": "me", "datadir_id": "d", "members": [], "shares": status})
+    assert "  b: 20 (me 20)" in shown
+    assert "  c: 4 (p 4)" in shown
+    assert "taken over from members that stopped: 30/s in 1 hand-overs" in shown
