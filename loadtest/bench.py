@@ -614,8 +614,10 @@ def _arguments() -> argparse.ArgumentParser:
     p.add_argument("--gateways", type=int, default=1, help="gateways sharing the emulator")
     p.add_argument(
         "--fleet",
-        action="store_true",
-        help="the gateways are one fleet (--peers: each tells the others its shares)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="several gateways are one fleet, as deployed (--peers: each tells the others "
+        "its shares of the bucket); --no-fleet: independent gateways",
     )
     p.add_argument("--lane-depth", type=int, default=3, help="the gateways' --lane-depth")
     p.add_argument("--gateway-arg", action="append", default=[], help="extra serve flag")
@@ -695,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
                 gateways=args.gateways,
                 limit_per_s=limit,
                 paused_ingest=args.paused_ingest,
-                fleet=args.fleet,
+                fleet=args.fleet and args.gateways > 1,
             )
         if args.sim and res.get("gateway"):
             res["simulator"] = _simulated(args, profile, throttles, res["gateway"])
@@ -740,7 +742,7 @@ def _simulated(
         ingest_s=float(gateway["burst"]["stall_s"]),
         paused_ingest=args.paused_ingest,
         seeds=[int(s) for s in args.sim.split(",")],
-        fleet=args.fleet,
+        fleet=args.fleet and args.gateways > 1,
     )
     return {
         "ratios": figures.ratios,
