@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 _ISOLATE_AFTER = 3  # consecutive throttles of one lane (over 2+ events) that isolate it
 _OTHERS_REFUSED = 0.25  # the other lanes' share of refusals under this times the lane's
 _CHANCE = 0.02  # how likely an even spread of the refusals may be to load them on one lane
+# A body this large (S3's usual part size) is paced by the window alone until the bucket
+# first refuses something (``BucketBudget._is_unpaced``).
+LARGE_BODY_BYTES = 8 << 20
 
 
 class Caps(Protocol):
@@ -96,7 +99,7 @@ class BucketBudget:
         self._binding = False
         self.throttles = 0
         self.answers = Answers()  # the bucket's recent answers, every lane's
-        self.in_flight = 0  # admitted and not answered (``Gate`` counts them)
+        self.in_flight = 0  # admitted here, not answered yet (``Gate.answer`` counts those)
 
     # -- queue -------------------------------------------------------------------------
 
@@ -165,7 +168,8 @@ class BucketBudget:
                 held.append(lane)
                 next_s = min(next_s, now_s + wait_s)
                 continue
-            wait_s = self._pacer.wait_s(ticket.requests, now_s)
+            unpaced = self._is_unpaced(ticket)
+            wait_s = 0.0 if unpaced else self._pacer.wait_s(ticket.requests, now_s)
             if wait_s > 0:
                 held.append(lane)
                 binding = True
@@ -178,8 +182,10 @@ class BucketBudget:
                 break
             if caps is not None:
                 caps.take(ticket, now_s)
-            self._pacer.take(ticket.requests, now_s)
+            if not unpaced:
+                self._pacer.take(ticket.requests, now_s)
             lane.grant(ticket, now_s)
+            self.in_flight += 1
             # Start-time fair queueing: the round of this request becomes the bucket's
             # virtual time; the lane's next request belongs to the next round.
             self._round = max(self._round, lane.round)
@@ -191,6 +197,25 @@ class BucketBudget:
             self._requeue(lane)
         self.rate.tick(now_s, binding)  # from now on: holding work back or not
         return granted, next_s
+
+    def _is_unpaced(self, ticket: Ticket) -> bool:
+        """A large body before the bucket has refused anything: the slow start's rate
+        bounds such requests *in flight*, not per second. One takes seconds on its
+        connection, so the rate that fills a node's link with them is a few requests a
+        second, far under any partition's limit, while a rate that doubles per second
+        from ``initial_per_s`` needs seconds to put the link's worth of them in flight:
+        96 single PUTs of 16 MiB through a link that needs 50 connections drained in
+        1.25x bytes / link in the bench, 1.12x bounded in flight (1.08x not bounded at
+        all, but then a partition of 5/s refused 27 of the first 32: BENCHMARKS.md
+        7.4). Each one on its way grows the rate by one (``on_progress``), so the bound
+        doubles about every half second. The first 503 gives the bucket a limit and
+        paces every request from then on; S3 answers it before the body is sent
+        (``Expect: 100-continue``)."""
+        return (
+            ticket.size_bytes >= LARGE_BODY_BYTES
+            and self.rate.w_max_per_s is None
+            and self.in_flight < self.rate.rate_per_s
+        )
 
     def _repace(self, now_s: float) -> None:
         self.rate.tick(now_s, self._binding)

@@ -142,7 +142,6 @@ class Gate:
         for ticket in granted:
             ticket.is_bound = bound
             self.waiting_claimed -= ticket.is_claimed
-            self.lanes.budget(ticket.lane.bucket, now_s).in_flight += 1
         return granted, next_s
 
     @property

@@ -81,20 +81,23 @@ def test_sim_64_gateways_at_600_a_second_hand_over_their_shares() -> None:
 def test_sim_large_single_puts_fill_a_link_that_needs_50_connections() -> None:
     """96 PUTs of 16 MiB, acked before the flush starts: the window starts at 32 and
     grows while more in flight carry more (a request on its way counts before its
-    answer); a single PUT stays one request. 1.26x here, 1.25x in the bench (BENCHMARKS.md
-    section 7); it was 1.94x with 32 requests in flight for good."""
+    answer); a single PUT stays one request; and before the bucket refuses anything a
+    large body is held by the window alone, not by the slow start's rate. 1.20x here; it
+    was 1.26x paced by the slow start (1.25x in the bench, BENCHMARKS.md section 7) and
+    1.94x with 32 requests in flight for good."""
     r = run(S3Model(**NO_LIMIT), ranks=12, shards=8, net=LINK, size_bytes=16 << 20)
-    assert r.ratio <= 1.3, r.ratio
+    assert r.ratio <= 1.22, r.ratio
     assert r.windows[0] >= 50
 
 
 def test_sim_parts_of_large_uploads_fill_the_link() -> None:
     """32 multipart objects of 48 MiB in 8 MiB parts: every part of an upload at once,
-    each its own request, as many as the window allows."""
+    each its own request, as many as the window allows (unpaced until the bucket refuses
+    anything: 1.11x; 1.22x paced by the slow start)."""
     r = run(
         S3Model(**NO_LIMIT), ranks=8, shards=4, net=LINK, size_bytes=48 << 20, part_bytes=8 << 20
     )
-    assert r.ratio <= 1.25, r.ratio
+    assert r.ratio <= 1.16, r.ratio
     assert r.windows[0] >= 50
 
 

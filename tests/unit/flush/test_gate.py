@@ -145,9 +145,10 @@ def test_a_large_body_on_its_way_counts_for_a_slow_start_once() -> None:
     gate = _gate(window=8, rate=10.0)
     big = _submit(gate, "a/big", 1, 16 << 20)
     small = _submit(gate, "a/small", 2, 1 << 10)
-    for i in range(10):  # work held back: the budget is the limit
-        _submit(gate, f"a/w{i}", 10 + i, 1 << 10)
-    assert _admit(gate, 0.0) == [big, small]
+    waiting = [_submit(gate, f"a/w{i}", 10 + i, 1 << 10) for i in range(10)]
+    # Work is held back: the budget is the limit (its burst of 2 for the small ones; a
+    # large body goes unpaced until the bucket first refuses: _is_unpaced).
+    assert _admit(gate, 0.0) == [big, small, waiting[0]]
     [budget] = gate.lanes.budgets()
     _, next_s = gate.pump(0.1)
     assert next_s <= 0.5
@@ -158,3 +159,22 @@ def test_a_large_body_on_its_way_counts_for_a_slow_start_once() -> None:
     gate.answer(big, 4.0, Outcome.ACCEPTED)  # the big one's answer: not counted again
     [after] = gate.lanes.budgets()
     assert after.rate_per_s == pytest.approx(grown.rate_per_s + 1)
+
+
+def test_large_bodies_go_unpaced_until_the_bucket_first_refuses() -> None:
+    """Bodies of 8 MiB and more take seconds each: before the bucket has refused anything
+    the slow start's rate bounds them in flight, not per second (per second it would
+    take seconds to fill a link); small ones are paced. After a 503 every request is."""
+    wide = _gate(window=64, rate=10.0)
+    many = [_submit(wide, f"a/big{i}", i, 16 << 20) for i in range(20)]
+    # The rate's 10 in flight at once; past them paced (the pacer's burst of 2 now).
+    assert _admit(wide, 0.0) == many[:12]
+    gate = _gate(window=8, rate=10.0)
+    large = [_submit(gate, f"a/big{i}", i, 16 << 20) for i in range(10)]
+    assert _admit(gate, 0.0) == large[:8]  # the window's 8, at once
+    gate.answer(large[0], 0.1, Outcome.THROTTLED)
+    gate.answer(large[1], 0.1, Outcome.ACCEPTED)
+    gate.answer(large[2], 0.1, Outcome.ACCEPTED)
+    # Three slots free, two large bodies waiting: the cut paces them (one at a time).
+    assert _admit(gate, 0.1) == []
+    assert len(_admit(gate, 0.3)) == 1
