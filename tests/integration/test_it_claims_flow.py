@@ -52,7 +52,7 @@ def test_every_claim_request_refused_by_the_bucket_is_a_throttle_of_the_gate(
         for gw in (a, b):
             gw.start()
         wait_joined([a, b], ("a", "b"))
-        keys = [f"ckpt/step_1/{i}" for i in range(40)]
+        keys = [f"ckpt/step_1/{i}" for i in range(24)]
         b.pause_flush()
         for key in keys:
             b.client().put_object(Bucket=BUCKET, Key=key, Body=payload(3000, key))

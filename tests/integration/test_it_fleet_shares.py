@@ -28,7 +28,7 @@ def test_a_gateway_done_with_a_bucket_hands_its_share_to_the_one_still_sending(
 ) -> None:
     emu = EmulatorThread(latency_ms=1, prefix_rate=20, prefix_depth=1, buckets=[BUCKET]).start()
     a, b = fleet_of(tmp_path, emu.url, ("a", "b"))
-    writes = {a: [f"ckpt/a/{i}" for i in range(30)], b: [f"ckpt/b/{i}" for i in range(200)]}
+    writes = {a: [f"ckpt/a/{i}" for i in range(30)], b: [f"ckpt/b/{i}" for i in range(120)]}
     try:
         for gw in (a, b):
             gw.start()
