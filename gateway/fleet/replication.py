@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from gateway import metrics
 from gateway.errors import SlowDown
 from gateway.fleet.membership import Member, Membership
-from gateway.fleet.transport import PeerTransport, PeerUnavailable, crc32c_sum
+from gateway.fleet.transport import PeerTransport, PeerUnavailable, crc32c_sum, is_crc32c_sum
 from gateway.fleet.view import Holder
 from gateway.fleet.wire import INLINE_BODY_MAX_BYTES, NodeInfo, ReplicaCommit
 from gateway.models import ObjectMeta
@@ -237,7 +237,7 @@ class ReplicaWrite:
         self._crc32c = crc32c
         if self._small_body is not None:
             return list(self.holders)
-        by_crc32c = "" if crc32c is None else crc32c_sum(crc32c)
+        crc_sum = "" if crc32c is None else crc32c_sum(crc32c)
         out = []
         for member in self.holders:
             send = self._sends.get(member.node_id)
@@ -251,7 +251,7 @@ class ReplicaWrite:
                 )
                 self.failed.add(member.node_id)
                 continue
-            wanted = by_crc32c if got_md5.startswith("crc32c:") else md5_hex
+            wanted = crc_sum if is_crc32c_sum(got_md5) else md5_hex
             if (got_md5, got_size) != (wanted, size_bytes):
                 log.error(
                     "replica of %s/%s on %s differs: %s/%d, here %s/%d",

@@ -189,6 +189,14 @@ class PeerTransport(Protocol):
         ...
 
 
+_CRC32C_SUM = "crc32c:"
+
+
 def crc32c_sum(crc32c: int) -> str:
     """How a holder that staged a body by its CRC32C names what it got (``replica_body``)."""
-    return f"crc32c:{crc32c}"
+    return f"{_CRC32C_SUM}{crc32c}"
+
+
+def is_crc32c_sum(staged: str) -> bool:
+    """Whether ``replica_body``'s answer is a ``crc32c_sum`` (else an MD5, hex)."""
+    return staged.startswith(_CRC32C_SUM)

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 _ISOLATE_AFTER = 3  # consecutive throttles of one lane (over 2+ events) that isolate it
 _OTHERS_REFUSED = 0.25  # the other lanes' share of refusals under this times the lane's
 _CHANCE = 0.02  # how likely an even spread of the refusals may be to load them on one lane
-# A body this large (S3's usual part size) is paced by the window alone until the bucket
-# first refuses something (``BucketBudget._is_unpaced``).
+# A body this large (S3's usual part size) is bounded by the slow start's rate in flight,
+# not per second, until the bucket first refuses something (``BucketBudget._is_unpaced``).
 LARGE_BODY_BYTES = 8 << 20
 
 
@@ -205,7 +205,7 @@ class BucketBudget:
         second, far under any partition's limit, while a rate that doubles per second
         from ``initial_per_s`` needs seconds to put the link's worth of them in flight:
         96 single PUTs of 16 MiB through a link that needs 50 connections drained in
-        1.25x bytes / link in the bench, 1.12x bounded in flight (1.08x not bounded at
+        1.25x bytes / link in the bench, 1.16x bounded in flight (1.08x not bounded at
         all, but then a partition of 5/s refused 27 of the first 32: BENCHMARKS.md
         7.4). Each one on its way grows the rate by one (``on_progress``), so the bound
         doubles about every half second. The first 503 gives the bucket a limit and

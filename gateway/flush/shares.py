@@ -1,20 +1,20 @@
 """The fleet's shares of a bucket: a gateway that stops sending to a bucket hands what it
-got through to the gateways still sending to it (pure, clock-free; docs/flow-control.md,
-"Several gateways").
+got through to the gateways still sending to it (pure, clock-injected; docs/fleet.md,
+"Shares of a bucket's rate").
 
 Gateways sharing one of S3's partitions each find their share of its limit from their own
 answers (``control.py``). When one of them finishes its part of a checkpoint, the limit
 it was using is free, but the others find it only by probing past what they know (the
 cubic's slow start, seconds at a few requests a second each), and the drain ends at the
-pace of the last one: with 8 gateways at 60 requests/s the simulator drained in 1.20-1.27x
-the minimum, with the hand-over in 1.02-1.12x.
+pace of the last one: with 8 gateways at 60 requests/s the simulator drained in 1.14-1.40x
+the minimum over 8 seeds, with the hand-over in 1.03-1.18x (BENCHMARKS.md 7.9).
 
 Every member tells the others, with each lease renewal (about once a second), what it got
 through lately to each bucket it sends to (``Gate.shares``). When a bucket leaves a peer's
 report, the peer's last figure is split among the members still sending to that bucket,
 in proportion to what each gets through, by each one for itself from the reports it
 heard: this node takes ``freed * mine / (mine + others')`` (``Gate.take_share``, only
-while its rate holds work back). A peer that falls silent hands nothing over (it may
+while work waits for its rate). A peer that falls silent hands nothing over (it may
 still be sending, cut off from this node but not from S3); its figures are forgotten.
 
 It only ever raises a rate by what a peer measured as going through. Where the peers do
@@ -42,7 +42,7 @@ class ShareGate(Protocol):
         ...
 
     def take_share(self, bucket: str, extra_per_s: float) -> bool:
-        """Raise the bucket's rate by ``extra_per_s`` if it holds work back."""
+        """Raise the bucket's rate by ``extra_per_s`` if work waits for it."""
         ...
 
 

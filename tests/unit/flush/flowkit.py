@@ -15,6 +15,16 @@ from gateway.flush.window import WindowConfig
 FAST_FLOW = RateConfig(initial_per_s=1e6, floor_per_s=1000.0)
 
 
+class ManualClock:
+    """Monotonic seconds that move only when a test sets ``now_s``."""
+
+    def __init__(self, now_s: float = 1000.0) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 def fixed_gate(
     clock: Clock,
     *,

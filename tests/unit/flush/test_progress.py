@@ -7,6 +7,7 @@ import io
 import threading
 
 import pytest
+from flowkit import ManualClock
 
 from gateway.flush.progress import (
     WINDOW_S,
@@ -19,14 +20,6 @@ from gateway.flush.progress import (
 from gateway.upstream.client import PartSource
 
 MB = 1_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 def test_rate_decays_to_exactly_zero_a_window_after_the_last_record() -> None:
@@ -85,7 +78,7 @@ def test_counting_body_counts_reads_and_uncounts_a_rewind() -> None:
 
 
 def test_an_upload_counts_what_was_sent_while_in_flight_then_its_size() -> None:
-    clock = Clock()
+    clock = ManualClock()
     progress = FlushProgress(clock)
     with progress.upload("b", "ckpt/step_1/shard", 2000):
         body = progress.body("b", "ckpt/step_1/shard", io.BytesIO(b"y" * 2000))  # type: ignore[arg-type]
@@ -105,7 +98,7 @@ def test_an_upload_counts_what_was_sent_while_in_flight_then_its_size() -> None:
 
 
 def test_a_failed_upload_takes_its_bytes_back() -> None:
-    clock = Clock()
+    clock = ManualClock()
     progress = FlushProgress(clock)
     with pytest.raises(OSError), progress.upload("b", "k", 1000):
         progress.body("b", "k", io.BytesIO(b"z" * 1000)).read(800)  # type: ignore[arg-type]
@@ -115,7 +108,7 @@ def test_a_failed_upload_takes_its_bytes_back() -> None:
 
 
 def test_parts_each_count_and_retry_alone() -> None:
-    progress = FlushProgress(Clock())
+    progress = FlushProgress(ManualClock())
     sources = [PartSource(io.BytesIO(b"p" * 100), 100, "m") for _ in range(3)]  # type: ignore[arg-type]
     with progress.upload("b", "big", 300):
         parts = progress.parts("b", "big", sources)
@@ -128,7 +121,7 @@ def test_parts_each_count_and_retry_alone() -> None:
 
 
 def test_reads_from_executor_threads_are_all_counted() -> None:
-    progress = FlushProgress(Clock())
+    progress = FlushProgress(ManualClock())
     with progress.upload("b", "k", 8 * 4096):
         bodies = [progress.body("b", "k", io.BytesIO(b"t" * 4096)) for _ in range(8)]  # type: ignore[arg-type]
         threads = [
@@ -142,7 +135,7 @@ def test_reads_from_executor_threads_are_all_counted() -> None:
 
 
 def test_lane_rates_are_accepted_requests_per_second_and_decay() -> None:
-    clock = Clock()
+    clock = ManualClock()
     progress = FlushProgress(clock)
     for _ in range(20):
         progress.accepted("b", "ckpt/step_1/")
@@ -153,7 +146,7 @@ def test_lane_rates_are_accepted_requests_per_second_and_decay() -> None:
 
 
 def test_waiting_for_the_upstream_until_something_is_accepted() -> None:
-    clock = Clock()
+    clock = ManualClock()
     progress = FlushProgress(clock)
     assert progress.waiting_for() is None
     progress.failed("Could not connect to the endpoint URL")
@@ -197,7 +190,7 @@ def test_eta_rules(kw: dict[str, object], expected: Eta) -> None:
 
 
 def test_idle_lane_windows_are_dropped_even_if_nobody_reads_them() -> None:
-    clock = Clock()
+    clock = ManualClock()
     progress = FlushProgress(clock)
     for step in range(3000):  # a new lane per checkpoint step, hours apart
         progress.accepted("b", f"ckpt/step_{step}/")

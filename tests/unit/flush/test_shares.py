@@ -4,6 +4,7 @@ bucket hands what it got through to those still sending, in proportion to theirs
 from __future__ import annotations
 
 import pytest
+from flowkit import ManualClock
 
 from gateway.cli_fleet import format_fleet
 from gateway.flush.control import RateConfig
@@ -27,16 +28,8 @@ class FakeGate:
         return self.wants
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
 def test_a_bucket_a_peer_stops_sending_to_is_split_by_what_each_gets_through() -> None:
-    gate, clock = FakeGate({"b": 20.0}), Clock()
+    gate, clock = FakeGate({"b": 20.0}), ManualClock(0.0)
     shares = FleetShares(gate, clock)
     shares.on_report("p", {"b": 30.0, "other": 5.0})
     shares.on_report("q", {"b": 10.0})
@@ -51,7 +44,7 @@ def test_a_bucket_a_peer_stops_sending_to_is_split_by_what_each_gets_through() -
 
 
 def test_nothing_is_taken_by_a_node_that_does_not_send_to_the_bucket() -> None:
-    gate, clock = FakeGate({}), Clock()
+    gate, clock = FakeGate({}), ManualClock(0.0)
     shares = FleetShares(gate, clock)
     shares.on_report("p", {"b": 30.0})
     shares.on_report("p", {})
@@ -59,7 +52,7 @@ def test_nothing_is_taken_by_a_node_that_does_not_send_to_the_bucket() -> None:
 
 
 def test_a_first_report_a_silent_peer_and_a_peer_that_left_hand_nothing_over() -> None:
-    gate, clock = FakeGate({"b": 10.0}), Clock()
+    gate, clock = FakeGate({"b": 10.0}), ManualClock(0.0)
     shares = FleetShares(gate, clock)
     shares.on_report("p", {})  # its first: nothing known before it
     shares.on_report("q", {"b": 40.0})
@@ -89,7 +82,7 @@ def test_a_gate_takes_a_share_only_while_work_waits_for_its_rate() -> None:
 
 
 def test_the_status_says_who_sends_to_which_bucket_and_what_was_taken_over() -> None:
-    gate, clock = FakeGate({"b": 20.0}), Clock()
+    gate, clock = FakeGate({"b": 20.0}), ManualClock(0.0)
     shares = FleetShares(gate, clock)
     shares.on_report("p", {"b": 30.0, "c": 4.0})
     shares.on_report("p", {"c": 4.0})  # p is done with b: all of it to this node
