@@ -21,9 +21,12 @@ more than one congestion event, while other lanes of the bucket were busy, **and
 refused that lane's recent requests far more often than the others' (the others' share
 of refusals under ``_OTHERS_REFUSED`` of the lane's, and so many of the refusals on that
 lane that an even spread would put them there with a chance under ``_CHANCE``: a one-sided
-binomial test over the lane's share of the requests), that lane gets an adaptive rate of
-its own (``Lane.isolate``), its throttles no longer cut the budget, and the budget forgets
-the limit that lane taught it (slow start finds the others' again). Under a limit the
+binomial test over the lane's share of the requests, on at least ``_ISOLATE_AFTER`` of
+its recent answers refused: a busy partition's rare 503s, seconds apart, come up two of
+two on one of eight lanes one time in 64, and did among hundreds), that lane gets an
+adaptive rate of its own (``Lane.isolate``, measured from the lane's recent answers),
+its throttles no longer cut the budget, and the budget forgets the limit that lane
+taught it (slow start finds the others' again). Under a limit the
 lanes share, every lane's requests are refused alike: at hundreds of 503s a second three
 in a row from one lane are common (one in 64 triples with 8 lanes), and at a few a second
 three of four refusals on one of three lanes happen one time in nine; but the refusal
@@ -303,7 +306,8 @@ class BucketBudget:
         others = others_refused / max(1, others_ok + others_refused)
         share = (mine_ok + mine_refused) / max(1, all_ok + all_refused)
         return (
-            others < _OTHERS_REFUSED * mine
+            mine_refused >= _ISOLATE_AFTER  # (sparse 503s, seconds apart, prove nothing)
+            and others < _OTHERS_REFUSED * mine
             and _chance_of_at_least(mine_refused, all_refused, share) < _CHANCE
         )
 

@@ -95,6 +95,13 @@ class Answers:
         self._accepted = 0
         self._window_s = window_s
 
+    def copy(self, window_s: float | None = None) -> Answers:
+        """The same answers (those within ``window_s``, if given, at the next trim)."""
+        twin = Answers(self._window_s if window_s is None else window_s)
+        twin._answers.extend(self._answers)
+        twin._accepted = self._accepted
+        return twin
+
     def add(self, now_s: float, accepted: bool) -> None:
         if len(self._answers) == self._answers.maxlen:
             self._accepted -= self._answers[0][1]
@@ -152,7 +159,14 @@ class AdaptiveRate:
     the budget holds work back from now on (growth counts only such time).
     """
 
-    def __init__(self, config: RateConfig, now_s: float, *, w_max_per_s: float | None = None):
+    def __init__(
+        self,
+        config: RateConfig,
+        now_s: float,
+        *,
+        w_max_per_s: float | None = None,
+        answers: Answers | None = None,
+    ):
         self.config = config
         self.w_max_per_s = w_max_per_s  # what the upstream accepted when last throttled
         self.events = 0  # congestion events (cuts) so far
@@ -165,8 +179,12 @@ class AdaptiveRate:
         self._last_cut_s = -math.inf
         self._recovered_s = -math.inf  # send time of the first acceptance since the last cut
         self._through: _Through | None = None
-        self._answers = Answers()
-        self._last_second = Answers(1.0)
+        # What got through lately: a rate started for requests already on their way (an
+        # isolated lane's) starts from their answers, or its first cut would take a few
+        # answers of its first milliseconds for the figure of a second (hundreds of
+        # requests a second measured as a few: BENCHMARKS.md 7.5).
+        self._answers = Answers() if answers is None else answers.copy()
+        self._last_second = Answers(1.0) if answers is None else answers.copy(1.0)
 
     @property
     def rate_per_s(self) -> float:

@@ -174,7 +174,7 @@ class Lane:
         ceiling = min(rate.ceiling_per_s, self.config.rate_per_s)
         config = dataclasses.replace(rate, floor_per_s=floor, ceiling_per_s=ceiling)
         sending = max(self.answers.accepted_per_s(now_s), floor)
-        self.isolation = AdaptiveRate(config, now_s, w_max_per_s=sending)
+        self.isolation = AdaptiveRate(config, now_s, w_max_per_s=sending, answers=self.answers)
         self.isolation.on_throttle(sent_s, now_s)
         own = self.isolation.rate_per_s
         self._isolation_pacer = Pacer(own, now_s)
