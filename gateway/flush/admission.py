@@ -245,10 +245,20 @@ class BucketBudget:
 
     def _check_isolation(self, lane: Lane) -> None:
         """An isolated lane whose own rate has grown to the whole budget's is held back by
-        nothing of its own any more: it shares again."""
-        if lane.isolation is not None and lane.isolation.rate_per_s >= self.rate.rate_per_s:
+        nothing of its own any more: it shares again. One left alone with work (no other
+        lane of the bucket waits) finds its limit again by slow start: the rate the others
+        used may be its own (a lane isolated by chance shares their partition, and its own
+        rate, a share of it, would hold the end of the drain)."""
+        if lane.isolation is None:
+            return
+        if lane.isolation.rate_per_s >= self.rate.rate_per_s:
             lane.end_isolation()
             self._isolated.discard(lane)
+            return
+        alone = len(self._queued) <= (lane in self._queued)
+        if alone and not lane.alone:
+            lane.isolation.forget_limit()
+        lane.alone = alone
 
     # -- outcomes ----------------------------------------------------------------------
 

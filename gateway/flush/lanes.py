@@ -110,6 +110,7 @@ class Lane:
         )
         self._isolation_pacer: Pacer | None = None
         self._own_binding = False
+        self.alone = False  # isolated, and the only lane of its bucket with work waiting
         self._serials = itertools.count()
 
     def is_paused(self, now_s: float) -> bool:
@@ -175,6 +176,7 @@ class Lane:
         config = dataclasses.replace(rate, floor_per_s=floor, ceiling_per_s=ceiling)
         sending = max(self.answers.accepted_per_s(now_s), floor)
         self.isolation = AdaptiveRate(config, now_s, w_max_per_s=sending, answers=self.answers)
+        self.alone = False
         self.isolation.on_throttle(sent_s, now_s)
         own = self.isolation.rate_per_s
         self._isolation_pacer = Pacer(own, now_s)

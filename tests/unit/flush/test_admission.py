@@ -246,10 +246,33 @@ def test_isolation_ends_once_the_lane_may_send_what_the_whole_budget_allows() ->
     hot = lanes.lane_for("b", "hot/x", 0.0)
     for i in range(100):
         hot.answers.add(i * 0.01, True)  # S3 took 100/s of it
-    hot.isolate(lanes.flow, 1.0, 1.0)  # its own rate: 80/s, above the bucket's 10/s
+    hot.isolate(lanes.flow, 1.0, 1.0)  # its own rate: ~100/s, above the bucket's 10/s
     _submit(lanes, "hot/x", 1, 1.0)
     assert _granted(lanes, 1.0) == [("hot/", 1)]
     assert hot.isolation is None
+
+
+def test_an_isolated_lane_left_alone_finds_its_limit_again_by_slow_start() -> None:
+    """An isolated lane keeps its own rate while other lanes of the bucket wait. Once none
+    does, the rate they used may be its own (a lane isolated by chance shares their
+    partition): its rate slow-starts from where it is, once per time it is left alone."""
+    lanes = _lanes()
+    hot = lanes.lane_for("b", "hot/x", 0.0)
+    for i in range(100):
+        hot.answers.add(i * 0.01, True)
+    hot.answers.add(1.0, False)
+    hot.isolate(lanes.flow, 1.0, 1.0)
+    assert hot.isolation is not None and not hot.isolation.is_slow_start
+    for order in range(3):
+        _submit(lanes, f"hot/{order}", order, 1.0)
+    _submit(lanes, "cold/a", 10, 1.0)
+    _send(lanes, lanes.pump(1.0)[0], 1.0)  # the cold one waits its turn: not alone
+    assert not hot.isolation.is_slow_start
+    now_s = 1.0
+    while not hot.isolation.is_slow_start and now_s < 2.0:
+        now_s += 0.01
+        _send(lanes, lanes.pump(now_s)[0], now_s)  # cold/a gone: the hot lane is alone
+    assert hot.isolation.is_slow_start and hot.alone
 
 
 def test_an_isolated_lane_measures_its_rate_from_its_answers_before_the_isolation() -> None:
