@@ -43,8 +43,10 @@ and CUBIC (RFC 8312):
 - **Not enough, or an outage.** A throttle of a request sent after the cut, before anything
   sent after it got through, means the cut did not bite (a partition's burst had hidden the
   overload): the rate is cut again, ``w_max`` kept. If nothing got through at all lately
-  (S3 refusing everything for a while), the budget keeps sending ``outage_per_s`` to see
-  the outage end, and slow-starts back to ``w_max`` once answers come back.
+  (the last 3 s, or the last second's answers: S3 refusing everything for a while), the
+  budget keeps sending ``outage_per_s`` to see the outage end, and slow-starts back to
+  ``w_max`` once answers come back, doubling per round trip (``_KNOWN_ROUND_S`` at
+  least): that rate worked before the outage, as TCP's slow start below ssthresh.
 - **Slow start counts fresh evidence only.** An acceptance grows a slow start only if its
   request left after the last cut: with slow bodies (large parts), acceptances of requests
   sent before a cut arrive long after it and say nothing about the rate since.
@@ -65,6 +67,7 @@ _MAX_ANSWERS = 1 << 16  # 3 s of 20,000 answers/s
 _ACCELERATE = 1.2  # a probe this far over w_max without a throttle: slow start again
 _MIN_THROUGH = 16  # acceptances that measure a limit (fewer: noise)
 _MIN_SHARE_ANSWERS = 20  # answers in a second that measure a refused share
+_KNOWN_ROUND_S = 0.1  # below a rate known to work, a slow start doubles this often at most
 
 
 @dataclass(slots=True)
@@ -224,10 +227,14 @@ class AdaptiveRate:
         refusal takes (a large body, still being sent): as good as an acceptance for a
         slow start, which would otherwise wait a whole body's time for each step."""
         if self.is_slow_start and self._binding and sent_s > self._last_cut_s:
-            round_trip_s = max(now_s - sent_s, 1.0)
+            # Up to a rate known to have worked (back from an outage) it doubles per round
+            # trip, as TCP's does below ssthresh; past it, no faster than a partition's
+            # bucket (a second's worth) hides an overload.
+            floor_s = 1.0 if self._ssthresh == math.inf else _KNOWN_ROUND_S
+            round_trip_s = max(now_s - sent_s, floor_s)
             self._rate = self._clamp(self._rate + min(self._rate, 1.0 / round_trip_s))
             if self._rate >= self._ssthresh:  # back at the rate known to work: its plateau
-                self._start_epoch(now_s, self._rate, self._rate)
+                self._start_epoch(now_s, self._ssthresh, self._ssthresh)
 
     def event_of(self, sent_s: float) -> int:
         """The congestion event a throttle of a request sent at ``sent_s`` belongs to:
@@ -257,7 +264,11 @@ class AdaptiveRate:
             self._ssthresh = 0.0
             self._start_epoch(now_s, w_max, beta * w_max, until_s)
             self._through = _Through(sent_s, now_s, last_s=sent_s)
-        elif accepted == 0:  # nothing got through lately: an outage, not a lower limit
+        elif accepted == 0 or self._last_second.counts(now_s)[0] == 0:
+            # Nothing got through lately (the last 3 s, or the last second's answers, at
+            # least 8): an outage, not a lower limit. A storm of 503s shorter than the
+            # 3 s window was cut as a limit, 0.8x per round trip, and the cubic took 12 s
+            # to climb back from 5 % of the rate it had (BENCHMARKS.md 7.10).
             self._ssthresh = self.w_max_per_s
             outage = min(self.config.outage_per_s, self.w_max_per_s)
             self._start_epoch(now_s, self.w_max_per_s, max(beta * self._rate, outage), until_s)

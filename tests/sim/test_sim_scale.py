@@ -56,6 +56,19 @@ def test_sim_thousands_a_second_five_ms_away_keep_every_lane_at_its_share() -> N
     assert r.share_503 < 0.03
 
 
+def test_sim_a_storm_at_1000_a_second_ends_in_a_round_trip_slow_start() -> None:
+    """1,000/s, S3 refusing everything from 15 s to 18 s of a 30 s drain. The storm is
+    an outage once the last second's answers are all refusals, and the budget goes back
+    to the rate it had by a slow start that doubles per round trip: 1.11x. Cut as a
+    limit, 0.8x per round trip down to 5 % of the rate, the cubic took 12 s to climb
+    back: 1.23x."""
+    net = Net(up_s=0.015, down_s=0.015, jitter_s=0.003)
+    s3 = S3Model(rate_per_s=1000.0, depth=1, storms=[(15.0, 18.0)])
+    r = run(s3, gateways=1, ranks=8, shards=30_000 // 8, seed=1, net=net)
+    assert r.ratio <= 1.15, r.ratio
+    assert r.share_503 < 0.03
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sim_eight_gateways_share_600_a_second(seed: int) -> None:
     """Eight nodes on one partition of 600/s (75/s each): within 1.2x of the minimum, each
