@@ -133,13 +133,17 @@ class Faults:
                 self.fleet.net.heal()
                 self.note("healed")
             else:
-                node = self.fleet.nodes[name]
-                node.is_paused = True
-                self.note(f"pause {name}")
-                await asyncio.sleep(rng.uniform(0.5, 15.0))
-                node.is_paused = False
-                self.note(f"resume {name}")
-                node.changed.set()
+                await self.pause(name)
+
+    async def pause(self, name: str) -> None:
+        """Pause ``name``'s flusher for a while."""
+        node = self.fleet.nodes[name]
+        node.is_paused = True
+        self.note(f"pause {name}")
+        await asyncio.sleep(self.fleet.rng.uniform(0.5, 15.0))
+        node.is_paused = False
+        self.note(f"resume {name}")
+        node.changed.set()
 
 
 @dataclass
@@ -174,13 +178,7 @@ class TwoAtOnce(Faults):
                 await self.fleet.restart(names[0], wipe=True)
                 self.note(f"{names[0]} back, empty")
             else:
-                node = self.fleet.nodes[names[0]]
-                node.is_paused = True
-                self.note(f"pause {names[0]}")
-                await asyncio.sleep(rng.uniform(0.5, 15.0))
-                node.is_paused = False
-                self.note(f"resume {names[0]}")
-                node.changed.set()
+                await self.pause(names[0])
 
 
 def _all_upstream(fleet: ReplicaFleet, ledger: Ledger) -> bool:

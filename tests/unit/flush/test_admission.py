@@ -10,7 +10,7 @@ import pytest
 
 from gateway.flush.admission import _chance_of_at_least
 from gateway.flush.control import RateConfig
-from gateway.flush.lanes import LaneConfig, Lanes, Ticket
+from gateway.flush.lanes import Lane, LaneConfig, Lanes, Ticket
 
 
 def _lanes(rate: float = 1000.0, **lane: float) -> Lanes:
@@ -252,16 +252,24 @@ def test_isolation_ends_once_the_lane_may_send_what_the_whole_budget_allows() ->
     assert hot.isolation is None
 
 
+def _isolated(lanes: Lanes, accepted_per_s: int, at_s: float) -> Lane:
+    """Lane ``hot/`` after ``at_s`` seconds of ``accepted_per_s`` accepted, isolated at
+    ``at_s`` by a refusal of a request sent 10 ms before."""
+    hot = lanes.lane_for("b", "hot/x", 0.0)
+    n = round(accepted_per_s * at_s)
+    for i in range(n):
+        hot.answers.add(i * at_s / n, True)
+    hot.answers.add(at_s, False)
+    hot.isolate(lanes.flow, at_s - 0.01, at_s)
+    return hot
+
+
 def test_an_isolated_lane_left_alone_finds_its_limit_again_by_slow_start() -> None:
     """An isolated lane keeps its own rate while other lanes of the bucket wait. Once none
     does, the rate they used may be its own (a lane isolated by chance shares their
     partition): its rate slow-starts from where it is, once per time it is left alone."""
     lanes = _lanes()
-    hot = lanes.lane_for("b", "hot/x", 0.0)
-    for i in range(100):
-        hot.answers.add(i * 0.01, True)
-    hot.answers.add(1.0, False)
-    hot.isolate(lanes.flow, 1.0, 1.0)
+    hot = _isolated(lanes, 100, 1.0)
     assert hot.isolation is not None and not hot.isolation.is_slow_start
     for order in range(3):
         _submit(lanes, f"hot/{order}", order, 1.0)
@@ -282,11 +290,7 @@ def test_an_isolated_lane_measures_its_rate_from_its_answers_before_the_isolatio
     on the few answers since the isolation (they made 500/s look like 4/s: the lane
     then sent 3/s)."""
     lanes = _lanes()
-    hot = lanes.lane_for("b", "hot/x", 0.0)
-    for i in range(1000):
-        hot.answers.add(i * 0.002, True)
-    hot.answers.add(2.0, False)
-    hot.isolate(lanes.flow, 1.99, 2.0)
+    hot = _isolated(lanes, 500, 2.0)
     assert hot.isolation is not None
     assert 400 < hot.isolation.rate_per_s < 500
     for i in range(3):  # sent after the cut, accepted
