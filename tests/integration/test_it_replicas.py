@@ -1,7 +1,8 @@
 """Replicas before the ack and takeover (docs/fleet.md, "Node loss") over real sockets:
 three gateway processes with ``--replicas 1`` on one moto upstream; a writer killed (and
 its disk wiped) mid-burst; every acknowledged object ends upstream with its ETag, exactly
-once, the commit marker after its shards.
+once, the commit marker after its shards. And with ``--replicas 2``, two writers lost at
+once.
 """
 
 from __future__ import annotations
@@ -168,6 +169,56 @@ def test_the_writer_lost_with_its_disk_mid_burst_loses_nothing(
         assert read_body(upstream.get_object(Bucket=bucket, Key=key)) == data
     taken = a.metric("gateway_takeovers") + c.metric("gateway_takeovers")
     assert taken == 4  # b's four shards, each by exactly one holder
+
+
+def test_two_replicas_survive_two_writers_lost_with_their_disks_at_once(
+    moto_server: str, tmp_path: Path, bucket: str
+) -> None:
+    """``--replicas 2`` over three gateways: every write is on all three before its ack.
+    Two writers are killed and wiped at the same moment with their shards unflushed; the
+    one left takes them all over, each once, and the marker lands after them."""
+    two = ("--replicas", "2", "--peer-timeout", "4.5")
+    trio = fleet_of(tmp_path, moto_server, ("a", "b", "c"), two)
+    try:
+        for gw in trio:
+            gw.start()
+        wait_joined(trio, ("a", "b", "c"))
+        a, b, c = trio
+        upstream = upstream_client(a.upstream_url)
+        b.pause_flush()
+        c.pause_flush()
+        shards = {}
+        for gw in trio:
+            for i in range(3):
+                key = f"ckpt/7/{gw.data_dir.name}_{i}"
+                shards[key] = payload(200_000 + i if i == 2 else 3000 + i, key)
+                gw.client().put_object(Bucket=bucket, Key=key, Body=shards[key])
+        b.client().put_object(Bucket=bucket, Key="ckpt/7/.metadata", Body=b"meta")
+        held = replicas_held(a)
+        assert {k for o, k in held if o == "b"} >= {k for k in shards if "/b_" in k}
+        assert {k for o, k in held if o == "c"} >= {k for k in shards if "/c_" in k}
+        b.kill()
+        c.kill()
+        shutil.rmtree(b.data_dir)
+        shutil.rmtree(c.data_dir)
+        deadline = time.monotonic() + 60
+        while True:  # the bucket never shows the marker before every shard
+            seen = data_objects(upstream, bucket, "ckpt/7/")
+            if "ckpt/7/.metadata" in seen:
+                assert set(shards) <= set(seen), sorted(set(shards) - set(seen))
+                break
+            assert time.monotonic() < deadline, f"not taken over: {sorted(seen)}"
+        for key, data in shards.items():
+            assert seen[key]["ETag"] == quoted_md5(data), key
+            assert read_body(upstream.get_object(Bucket=bucket, Key=key)) == data
+        # b's and c's shards and b's marker, each once (counted after its done mark,
+        # which may follow the upload by a moment)
+        until(lambda: a.metric("gateway_takeovers") >= 7, 10)
+        time.sleep(1.0)
+        assert a.metric("gateway_takeovers") == 7
+    finally:
+        for gw in trio:
+            gw.stop()
 
 
 def test_versions_committed_beside_the_writers_own_take_over_as_the_newest_only(
