@@ -54,6 +54,21 @@ def data_objects(upstream: Any, bucket: str, prefix: str = "") -> dict[str, dict
     return out
 
 
+def landed_marker_last(upstream: Any, bucket: str, step: str, shards: dict[str, bytes]) -> None:
+    """Wait (60 s at most) for ``step``'s marker in the bucket, which must never show
+    before every shard; then each shard holds its bytes under its ETag."""
+    deadline = time.monotonic() + 60
+    while True:
+        seen = data_objects(upstream, bucket, step)
+        if f"{step}.metadata" in seen:
+            assert set(shards) <= set(seen), sorted(set(shards) - set(seen))
+            break
+        assert time.monotonic() < deadline, f"not taken over: {sorted(seen)}"
+    for key, data in shards.items():
+        assert seen[key]["ETag"] == quoted_md5(data), key
+        assert read_body(upstream.get_object(Bucket=bucket, Key=key)) == data
+
+
 def replicas_held(gw: GatewayProcess) -> list[tuple[str, str]]:
     """(writer, key) of every replica ``gw`` holds (its journal, read-only)."""
     conn = sqlite3.connect(f"file:{gw.data_dir / 'journal.db'}?mode=ro", uri=True)
@@ -157,16 +172,7 @@ def test_the_writer_lost_with_its_disk_mid_burst_loses_nothing(
     assert (md5, crc) == ("", crt_checksums.crc32c(shards[streamed]))
     b.kill()
     shutil.rmtree(b.data_dir)  # the node is gone with its disk
-    deadline = time.monotonic() + 60
-    while True:  # the bucket never shows the marker before every shard
-        seen = data_objects(upstream, bucket, "ckpt/9/")
-        if "ckpt/9/.metadata" in seen:
-            assert set(shards) <= set(seen), sorted(set(shards) - set(seen))
-            break
-        assert time.monotonic() < deadline, f"not taken over: {sorted(seen)}"
-    for key, data in shards.items():
-        assert seen[key]["ETag"] == quoted_md5(data), key
-        assert read_body(upstream.get_object(Bucket=bucket, Key=key)) == data
+    landed_marker_last(upstream, bucket, "ckpt/9/", shards)
     taken = a.metric("gateway_takeovers") + c.metric("gateway_takeovers")
     assert taken == 4  # b's four shards, each by exactly one holder
 
@@ -201,16 +207,7 @@ def test_two_replicas_survive_two_writers_lost_with_their_disks_at_once(
         c.kill()
         shutil.rmtree(b.data_dir)
         shutil.rmtree(c.data_dir)
-        deadline = time.monotonic() + 60
-        while True:  # the bucket never shows the marker before every shard
-            seen = data_objects(upstream, bucket, "ckpt/7/")
-            if "ckpt/7/.metadata" in seen:
-                assert set(shards) <= set(seen), sorted(set(shards) - set(seen))
-                break
-            assert time.monotonic() < deadline, f"not taken over: {sorted(seen)}"
-        for key, data in shards.items():
-            assert seen[key]["ETag"] == quoted_md5(data), key
-            assert read_body(upstream.get_object(Bucket=bucket, Key=key)) == data
+        landed_marker_last(upstream, bucket, "ckpt/7/", shards)
         # b's and c's shards and b's marker, each once (counted after its done mark,
         # which may follow the upload by a moment)
         until(lambda: a.metric("gateway_takeovers") >= 7, 10)
