@@ -185,7 +185,7 @@ class AdaptiveRate:
         # What got through lately: a rate started for requests already on their way (an
         # isolated lane's) starts from their answers, or its first cut would take a few
         # answers of its first milliseconds for the figure of a second (hundreds of
-        # requests a second measured as a few: BENCHMARKS.md 7.5).
+        # requests a second measured as a few: BENCHMARKS.md 7.10).
         self._answers = Answers() if answers is None else answers.copy()
         self._last_second = Answers(1.0) if answers is None else answers.copy(1.0)
 
