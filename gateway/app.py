@@ -65,6 +65,7 @@ from gateway.flush.control import RateConfig
 from gateway.flush.flusher import Flusher
 from gateway.flush.gate import GateConfig, RequestGate, build_gate
 from gateway.flush.lanes import LaneConfig
+from gateway.flush.memory import RateMemory
 from gateway.flush.policy import PolicyConfig
 from gateway.flush.shares import FleetShares
 from gateway.flush.window import WindowConfig
@@ -79,6 +80,7 @@ from gateway.store.blobs import BlobStore
 from gateway.store.copies import ShortCopies
 from gateway.store.journal import Journal
 from gateway.store.members import MemberTable
+from gateway.store.rates import RateTable
 from gateway.store.replicas import ReplicaStore
 from gateway.store.space import CacheSpace
 from gateway.store.uploads import UploadJournal
@@ -205,6 +207,10 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
         shares = FleetShares(gate, clock.monotonic)
         fleet.shares = shares
         fleet.membership.shares = shares.report
+    # What the last run learnt of each bucket's rate: its budgets slow-start to it quickly.
+    memory = RateMemory(gate.lanes, RateTable(journal), clock)
+    with starting(f"reading the journal {journal.path}"):
+        _log_recalled(await memory.recall())
     await flusher.attach()  # the pending rows, in memory, before any write can arrive
     s3 = _s3_services(
         settings, clock, journal, blobs, upstream, space, credentials, flusher, fleet, stack
@@ -226,6 +232,8 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
             "prefetch": prefetcher.status,
             # The request gate: its window of requests in flight and the answers so far.
             "flush_gate": lambda: dataclasses.asdict(flusher.gate_status()),
+            # Each bucket's adaptive budget: its rate, the limit it learnt (or remembered).
+            "flow_budgets": lambda: [dataclasses.asdict(b) for b in flusher.budget_status()],
         },
         replicas_short=fleet.replicas_short if fleet is not None else None,
     )
@@ -271,6 +279,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
         # removed in the background: listing every blob before listening would delay
         # readiness on a large cache, and files made since the mark are spared.
         asyncio.create_task(_sweep(blobs, referenced, sweep_before_ns), name="sweep"),
+        asyncio.create_task(memory.run(), name="rate memory"),
     ]
     for task in tasks:
         stack.push_async_callback(_cancel, task)
@@ -280,7 +289,18 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     admin.is_ready = True
     _announce(settings, endpoint, credentials)
     return Running(
-        settings, clock, journal, flusher, space, s3, admin, s3_runner, admin_runner, tasks, fleet
+        settings,
+        clock,
+        journal,
+        flusher,
+        space,
+        s3,
+        admin,
+        s3_runner,
+        admin_runner,
+        tasks,
+        memory,
+        fleet,
     )
 
 
@@ -665,6 +685,16 @@ async def _peer_secret(settings: Settings, upstream: AiobotocoreUpstream) -> byt
             "role or web identity differs per node), so none can be derived from them"
         )
     return peer_auth.derive_secret(upstream_secret)
+
+
+def _log_recalled(rates: Mapping[str, float]) -> None:
+    for bucket, rate in sorted(rates.items()):
+        log.info(
+            "bucket %s: the last run's rate, %.1f requests/s, is where its flush starts "
+            "from (reached within a second; a 503 cuts it as any overshoot)",
+            bucket,
+            rate,
+        )
 
 
 async def _log_recovered(journal: Journal, settings: Settings) -> None:

@@ -40,6 +40,7 @@ from gateway.config import Settings
 from gateway.fleet.node import Fleet
 from gateway.flush import stuck
 from gateway.flush.flusher import Flusher
+from gateway.flush.memory import RateMemory
 from gateway.s3.dispatch import S3Services
 from gateway.store.journal import Journal
 from gateway.store.space import CacheSpace
@@ -63,7 +64,8 @@ class Running:
     admin: AdminServices
     s3_runner: web.AppRunner
     admin_runner: web.AppRunner
-    tasks: list[asyncio.Task[None]]  # flusher, evictor, sweep
+    tasks: list[asyncio.Task[None]]  # flusher, evictor, sweep, rate memory
+    memory: RateMemory
     fleet: Fleet | None = None  # with --peers (docs/fleet.md)
 
 
@@ -95,6 +97,7 @@ async def shut_down(gw: Running, aborted: asyncio.Event) -> None:
         await _cancel(gw.tasks[0])
     await _close(gw.s3_runner, aborted)  # waits for requests in flight (writes admitted before)
     gw.space.stop()
+    gw.memory.stop()  # its last save: the rates the drain ended with
     for task in gw.tasks[1:]:
         if not await _unless(aborted, _join(task)):
             await _cancel(task)

@@ -16,7 +16,11 @@ One run, three phases, each against fresh servers:
 2. **Gateways.** ``--gateways N`` times ``python -m gateway serve`` with one fresh emulator as
    their upstream (one node each: gateway g gets ranks ``g*ranks ...``); the ranks write
    to their gateway; then ``GET /admin/v1/drain?wait=true`` on each until everything is
-   upstream, and every object is checked in the emulator (size and ETag).
+   upstream, and every object is checked in the emulator (size and ETag). With
+   ``--warm-up`` the gateways first write and drain a checkpoint of the same shape (step 0),
+   as a job's earlier checkpoint; ``--restart-after-warm-up`` also stops them (SIGTERM)
+   and starts them again on their data dirs before the measured one (step 1), as a
+   rolling upgrade does. Every figure is the measured checkpoint's.
 
 Printed: the job's stall for both legs and its ratio, ack p50/p99, the drain time from
 the burst's start against the emulator's minimum (loadtest/flowstats.py: the partitions'
@@ -257,7 +261,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _bursts(endpoints: list[str], profile: Profile, bodies: Bodies) -> list[BurstResult]:
+def _bursts(
+    endpoints: list[str], profile: Profile, bodies: Bodies, step: int = 1
+) -> list[BurstResult]:
     """One burst per gateway at once (gateway g writes ranks g*ranks...), in threads."""
     results: list[BurstResult | None] = [None] * len(endpoints)
 
@@ -270,6 +276,7 @@ def _bursts(endpoints: list[str], profile: Profile, bodies: Bodies) -> list[Burs
             secret_key=GW_SECRET,
             bodies=bodies,
             first_rank=g * profile.ranks,
+            step=step,
         )
 
     threads = [threading.Thread(target=one, args=(g,)) for g in range(len(endpoints))]
@@ -306,6 +313,39 @@ def _wait_fleet(admins: list[str], timeout_s: float = 60.0) -> None:
     raise BenchError(f"the fleet did not form in {timeout_s:.0f} s")
 
 
+def _start_gateways(
+    workdir: Path, url: str, extra: list[str], ports: list[int], fleet: bool
+) -> list[tuple[Proc, str, str]]:
+    """Gateway g on ``ports[g]`` with its data dir ``gateway<g>-data`` (kept across a
+    restart); with ``fleet`` each has every other as a peer and the fleet has formed."""
+    peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    started: list[tuple[Proc, str, str]] = []
+    try:
+        for g, port in enumerate(ports):
+            args = [*extra, "--node-id", f"gateway{g}", "--peers", peers] if fleet else extra
+            started.append(start_gateway(workdir, f"gateway{g}", url, args, port))
+        if fleet:
+            _wait_fleet([admin for _, _, admin in started])
+    except BaseException:
+        for proc, _, _ in started:
+            proc.stop()
+        raise
+    return started
+
+
+def _warm_up(
+    started: list[tuple[Proc, str, str]], profile: Profile, bodies: Bodies, deadline: float
+) -> dict[str, Any]:
+    """An earlier checkpoint (step 0) through the same gateways, drained."""
+    t0 = time.monotonic()
+    results = _bursts([e for _, e, _ in started], profile, bodies, step=0)
+    if any(r.failed for r in results):
+        raise BenchError(f"the warm-up had failed writes: {[r.errors for r in results]}")
+    if not all(_drain(admin, deadline)[0] for _, _, admin in started):
+        raise BenchError("the warm-up checkpoint did not drain")
+    return {"drained_s": round(time.monotonic() - t0, 3)}
+
+
 def gateway_leg(
     workdir: Path,
     profile: Profile,
@@ -317,25 +357,23 @@ def gateway_leg(
     limit_per_s: float | None = None,
     paused_ingest: bool = False,
     fleet: bool = False,
+    warm_up: bool = False,
+    restart: bool = False,
 ) -> dict[str, Any]:
     emu, url = start_emulator(workdir, "gateway-emulator", **throttles)
     procs: list[Proc] = []
+    warm: dict[str, Any] | None = None
     try:
         ports = [free_port() for _ in range(gateways)]
-        peers = ",".join(f"127.0.0.1:{p}" for p in ports)
-        started = [
-            start_gateway(
-                workdir,
-                f"gateway{g}",
-                url,
-                [*extra, "--node-id", f"gateway{g}", "--peers", peers] if fleet else extra,
-                port,
-            )
-            for g, port in enumerate(ports)
-        ]
+        started = _start_gateways(workdir, url, extra, ports, fleet)
         procs = [p for p, _, _ in started]
-        if fleet:
-            _wait_fleet([admin for _, _, admin in started])
+        if warm_up:
+            warm = _warm_up(started, profile, bodies, time.monotonic() + drain_timeout)
+            if restart:
+                warm["exit_codes"] = [p.stop() for p in procs]
+                procs = []
+                started = _start_gateways(workdir, url, extra, ports, fleet)
+                procs = [p for p, _, _ in started]
         if paused_ingest:  # the whole burst first: the flushers then start together
             for _, _, admin in started:
                 http(admin + "/admin/v1/flush/pause", "POST")
@@ -357,6 +395,8 @@ def gateway_leg(
         statuses = [http(admin + "/admin/v1/status")[1] for _, _, admin in started]
         _, stats = http(url + "/_emulator/stats")
         _, log = http(url + "/_emulator/log", timeout=120)
+        if warm_up:  # the measured checkpoint's requests only
+            log = [e for e in log if e["ts"] >= started_wall]
         (workdir / "gateway-emulator-requests.jsonl").write_text(
             "".join(json.dumps(e) + "\n" for e in log)
         )
@@ -386,6 +426,7 @@ def gateway_leg(
                 storm_wall=storm_wall,
             ),
             "splits": stats["limiter"]["splits"],
+            "warm_up": warm,
             "verify": _verify_all(url, results, bodies),
         }
     finally:
@@ -458,6 +499,12 @@ def report(res: dict[str, Any]) -> None:
         f"{', ' + json.dumps(extras) if extras else ''}"
     )
     print(f"gateways     lanes at depth {res['lane_depth']}; extra args {res['gateway_args']}")
+    if g and g.get("warm_up"):
+        restarted = " then restarted," if res["warm_up"] == "restart" else ""
+        print(
+            f"warm-up      a checkpoint of the same shape drained in "
+            f"{g['warm_up']['drained_s']} s,{restarted} before the measured one"
+        )
     print(f"minimum      {m['seconds']:.1f} s from the first request ({m['how']})")
     print()
     rows = [("", "direct", "gateway", "ratio")]
@@ -621,6 +668,16 @@ def _arguments() -> argparse.ArgumentParser:
     )
     p.add_argument("--lane-depth", type=int, default=3, help="the gateways' --lane-depth")
     p.add_argument("--gateway-arg", action="append", default=[], help="extra serve flag")
+    p.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="first write and drain a checkpoint of the same shape through the gateways",
+    )
+    p.add_argument(
+        "--restart-after-warm-up",
+        action="store_true",
+        help="restart the gateways (SIGTERM, same data dirs) after the warm-up",
+    )
     p.add_argument("--legs", default="direct,gateway", help="direct,gateway or one of them")
     p.add_argument("--drain-timeout", type=float, default=600.0)
     p.add_argument(
@@ -639,7 +696,12 @@ def _arguments() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _arguments().parse_args(argv)
+    parser = _arguments()
+    args = parser.parse_args(argv)
+    if args.restart_after_warm_up:
+        args.warm_up = True
+    if args.warm_up and (args.limit_change or args.storm or args.split_after or args.sim):
+        parser.error("--warm-up: the limit's changes and --sim count from the first request")
     profile = profile_from_args(args)
     legs = set(args.legs.split(","))
     extra = [f"--lane-depth={args.lane_depth}", *args.gateway_arg]
@@ -653,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         "gateway_args": args.gateway_arg,
         "bandwidth_divisor": args.bandwidth_divisor,
         "paused_ingest": args.paused_ingest,
+        "warm_up": "restart" if args.restart_after_warm_up else args.warm_up,
     }
     ok = False
     try:
@@ -698,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
                 limit_per_s=limit,
                 paused_ingest=args.paused_ingest,
                 fleet=args.fleet and args.gateways > 1,
+                warm_up=args.warm_up,
+                restart=args.restart_after_warm_up,
             )
         if args.sim and res.get("gateway"):
             res["simulator"] = _simulated(args, profile, throttles, res["gateway"])

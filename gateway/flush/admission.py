@@ -87,10 +87,13 @@ class BucketBudget:
     are admitted; ``on_throttle`` decides whether a throttle is the bucket's or a lane's.
     """
 
-    def __init__(self, bucket: str, config: RateConfig, now_s: float):
+    def __init__(
+        self, bucket: str, config: RateConfig, now_s: float, known_per_s: float | None = None
+    ):
+        """``known_per_s``: the bucket's rate a previous run learnt (``AdaptiveRate``)."""
         self.bucket = bucket
         self.config = config
-        self.rate = AdaptiveRate(config, now_s)
+        self.rate = AdaptiveRate(config, now_s, known_per_s=known_per_s)
         self._pacer = Pacer(self.rate.rate_per_s, now_s)
         self._heap: list[tuple[tuple[float, int, int], int, Lane]] = []
         self._round = 0.0  # start-time fair queueing's virtual time

@@ -47,6 +47,13 @@ and CUBIC (RFC 8312):
   budget keeps sending ``outage_per_s`` to see the outage end, and slow-starts back to
   ``w_max`` once answers come back, doubling per round trip (``_KNOWN_ROUND_S`` at
   least): that rate worked before the outage, as TCP's slow start below ssthresh.
+- **A limit remembered.** A budget started with ``known_per_s`` (what this gateway's last
+  run learnt of the bucket: ``flush/memory.py``) slow-starts from ``initial_per_s`` to
+  it as back from an outage, doubling per round trip, then probes past it as usual: a
+  restarted gateway is back at the bucket's rate in a fraction of a second where a fresh
+  one takes ``log2(rate / initial_per_s)`` seconds, the fixed cost of a fresh start
+  (BENCHMARKS.md 7.11). Where the limit fell meanwhile, the first 503 cuts as it would
+  a fresh slow start's overshoot.
 - **Slow start counts fresh evidence only.** An acceptance grows a slow start only if its
   request left after the last cut: with slow bodies (large parts), acceptances of requests
   sent before a cut arrive long after it and say nothing about the rate since.
@@ -169,7 +176,10 @@ class AdaptiveRate:
         *,
         w_max_per_s: float | None = None,
         answers: Answers | None = None,
+        known_per_s: float | None = None,
     ):
+        """``w_max_per_s``: start at this rate, out of slow start (an isolated lane's);
+        ``known_per_s``: slow-start to this rate, quickly (module docstring)."""
         self.config = config
         self.w_max_per_s = w_max_per_s  # what the upstream accepted when last throttled
         self.events = 0  # congestion events (cuts) so far
@@ -188,6 +198,10 @@ class AdaptiveRate:
         # requests a second measured as a few: BENCHMARKS.md 7.10).
         self._answers = Answers() if answers is None else answers.copy()
         self._last_second = Answers(1.0) if answers is None else answers.copy(1.0)
+        if w_max_per_s is None and known_per_s is not None and known_per_s > 0:
+            self.w_max_per_s = self._ssthresh = known_per_s
+            if self._rate >= known_per_s:  # (a limit below the initial rate: start at it)
+                self._start_epoch(now_s, known_per_s, known_per_s)
 
     @property
     def rate_per_s(self) -> float:

@@ -15,6 +15,7 @@ import heapq
 import itertools
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.flush.admission import BucketBudget, BudgetStatus, Caps
@@ -233,6 +234,7 @@ class Lanes:
         self.lane_concurrency = config.concurrency or 8
         self._lanes: dict[tuple[str, str], Lane] = {}
         self._budgets: dict[str, BucketBudget] = {}
+        self._known: dict[str, float] = {}  # bucket -> rate learnt before (``remember``)
 
     def prefix_of(self, key: str) -> str:
         return lane_prefix(key, self.config.depth)
@@ -257,8 +259,23 @@ class Lanes:
     def budget(self, bucket: str, now_s: float) -> BucketBudget:
         budget = self._budgets.get(bucket)
         if budget is None:
-            budget = self._budgets[bucket] = BucketBudget(bucket, self.flow, now_s)
+            known = self._known.get(bucket)
+            budget = self._budgets[bucket] = BucketBudget(bucket, self.flow, now_s, known)
         return budget
+
+    def remember(self, rates: Mapping[str, float]) -> None:
+        """Rates learnt of buckets before (a previous run's ``known_rates``): a bucket's
+        budget made from now on slow-starts to its rate quickly (``AdaptiveRate``)."""
+        self._known.update((bucket, rate) for bucket, rate in rates.items() if rate > 0)
+
+    def known_rates(self) -> dict[str, float]:
+        """Per bucket sent to since the start, the rate its budget learnt the upstream
+        accepts (``w_max``; the remembered one until it learns better)."""
+        return {
+            bucket: budget.rate.w_max_per_s
+            for bucket, budget in self._budgets.items()
+            if budget.rate.w_max_per_s is not None
+        }
 
     # -- admission -------------------------------------------------------------------------
 

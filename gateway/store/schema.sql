@@ -186,3 +186,11 @@ CREATE TABLE IF NOT EXISTS short_copies (
     wanted      INTEGER NOT NULL,              -- --replicas when it was written
     PRIMARY KEY (bucket, key)
 ) WITHOUT ROWID;
+
+-- What the flusher learnt of each bucket's request rate (flush/memory.py): a restarted
+-- gateway slow-starts to it in a fraction of a second instead of finding it again.
+CREATE TABLE IF NOT EXISTS bucket_rates (
+    bucket      TEXT PRIMARY KEY,
+    rate_per_s  REAL NOT NULL,                 -- what the upstream accepted when it last throttled
+    recorded_s  REAL NOT NULL                  -- wall clock of the record
+) WITHOUT ROWID;

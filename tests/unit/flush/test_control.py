@@ -330,3 +330,52 @@ def test_a_share_taken_over_in_a_first_slow_start_only_adds_to_the_rate() -> Non
     assert budget.w_max_per_s is None and budget.is_slow_start
     budget.take_share(0.6, 0.0)  # nothing freed: nothing changes
     assert budget.rate_per_s == pytest.approx(25.0)
+
+
+# -- a limit remembered from a previous run --------------------------------------------------
+
+
+def _slow_start_to_plateau(budget: AdaptiveRate, rtt_s: float = 0.035) -> float:
+    """Binding from 0, every request accepted after ``rtt_s``: the time slow start ends."""
+    budget.tick(0.0, binding=True)
+    sent_s = 0.0
+    while budget.is_slow_start and sent_s < 60.0:
+        budget.on_success(sent_s, sent_s + rtt_s)
+        sent_s += 1.0 / budget.rate_per_s
+    return sent_s
+
+
+def test_a_remembered_rate_is_reached_per_round_trip_where_a_fresh_start_takes_seconds() -> None:
+    """A restarted gateway slow-starts to the rate its last run learnt, doubling per round
+    trip (0.1 s at least), and plateaus there; a fresh one doubles once a second."""
+    known = AdaptiveRate(CONFIG, 0.0, known_per_s=200.0)
+    assert (known.rate_per_s, known.w_max_per_s, known.is_slow_start) == (10.0, 200.0, True)
+    reached_s = _slow_start_to_plateau(known)
+    assert known.rate_per_s == pytest.approx(200.0)
+    assert not known.is_slow_start
+    assert reached_s < 0.7  # log2(200/10) = 4.3 doublings of 0.1 s, from 10/s
+    fresh = AdaptiveRate(dataclasses.replace(CONFIG, ceiling_per_s=200.0), 0.0)
+    fresh_s = 0.0
+    fresh.tick(0.0, binding=True)
+    while fresh.rate_per_s < 200.0 and fresh_s < 60.0:
+        fresh.on_success(fresh_s, fresh_s + 0.035)
+        fresh_s += 1.0 / fresh.rate_per_s
+    assert fresh_s > 2.5  # the cost a remembered rate saves: +1/s per acceptance, ln(20) s
+
+
+def test_a_remembered_rate_under_the_initial_one_is_the_start() -> None:
+    budget = AdaptiveRate(CONFIG, 0.0, known_per_s=0.5)
+    assert (budget.rate_per_s, budget.w_max_per_s, budget.is_slow_start) == (0.5, 0.5, False)
+
+
+def test_a_remembered_rate_above_the_limit_is_cut_at_the_first_503_by_what_got_through() -> None:
+    """The limit fell while the gateway was down: the first throttle ends the slow start
+    at what was accepted, one event, and the lower figure replaces the remembered one."""
+    budget = AdaptiveRate(CONFIG, 0.0, known_per_s=400.0)
+    budget.tick(0.0, binding=True)
+    _traffic(budget, 100.0, 0.0, 1.0)  # S3 took 100/s
+    assert budget.on_throttle(1.0, 1.02)
+    assert not budget.is_slow_start
+    assert budget.w_max_per_s is not None and budget.w_max_per_s <= 100.0
+    assert budget.rate_per_s < 100.0
+    assert not budget.on_throttle(1.0, 1.03)  # the same event

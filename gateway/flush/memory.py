@@ -1,0 +1,92 @@
+"""What the flusher learnt of each bucket's request rate, kept across restarts.
+
+A fresh gateway starts every bucket at ``--flush-initial-rate`` (10 requests/s) and doubles
+at most once a second, since a fresh rate cannot tell S3's limit of 3,500 requests/s from
+a cold partition's few: reaching R takes ``log2(R / 10)`` seconds, the fixed cost left in a
+short drain at S3's scale (1.26-1.28x the minimum at 200 requests/s, BENCHMARKS.md 7.11). A
+running gateway keeps what it learnt from one checkpoint to the next (1.07x there). A
+restarted one (a rolling upgrade, a crash, a node rebooted with its disk) paid the whole
+cost again. So each bucket's learnt rate (``AdaptiveRate.w_max_per_s``, what S3 accepted
+when it last throttled) is written to the journal whenever it changed (checked every
+``interval_s``) and, with every bucket's, at the stop; at the next start a bucket's budget
+slow-starts to it quickly (``control.py``, "A limit remembered"). A record older than
+``max_age_s`` is not used: S3 scales a partition to the load it sees, and a day without
+it may have undone that. A record that is wrong costs one congestion event: the first
+503 cuts the rate as it cuts a fresh slow start's overshoot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+from gateway.clock import Clock
+from gateway.flush.lanes import Lanes
+
+log = logging.getLogger(__name__)
+
+MAX_AGE_S = 24 * 3600.0
+SAVE_INTERVAL_S = 5.0
+
+
+class RateStore(Protocol):
+    """Where the rates are kept (``store.rates.RateTable``)."""
+
+    async def load(self, since_wall_s: float) -> dict[str, float]: ...
+
+    async def save(self, rates: Mapping[str, float], now_wall_s: float) -> None: ...
+
+
+class RateMemory:
+    """``recall`` once before the flusher starts, ``run`` as a task, ``stop`` to end it
+    with a last save. Use from the event loop only."""
+
+    def __init__(
+        self,
+        lanes: Lanes,
+        store: RateStore,
+        clock: Clock,
+        *,
+        max_age_s: float = MAX_AGE_S,
+        interval_s: float = SAVE_INTERVAL_S,
+    ) -> None:
+        self._lanes = lanes
+        self._store = store
+        self._clock = clock
+        self._max_age_s = max_age_s
+        self._interval_s = interval_s
+        self._saved: dict[str, float] = {}
+        self._stopping = asyncio.Event()
+
+    async def recall(self) -> dict[str, float]:
+        """Hand the rates recorded within ``max_age_s`` to the lanes; returns them."""
+        rates = await self._store.load(self._clock.wall() - self._max_age_s)
+        self._lanes.remember(rates)
+        self._saved = dict(rates)
+        return rates
+
+    async def save(self, *, every: bool = False) -> None:
+        """Record the rates that changed since the last save (``every``: those of every
+        bucket sent to since the start, as of now: their age counts from the stop)."""
+        known = self._lanes.known_rates()
+        rates = known if every else {b: r for b, r in known.items() if self._saved.get(b) != r}
+        if rates:
+            await self._store.save(rates, self._clock.wall())
+            self._saved.update(rates)
+
+    async def run(self) -> None:
+        """Save every ``interval_s`` until ``stop``, then once more with every rate. A
+        failed save is logged and tried again (the rates are a hint: nothing waits on it)."""
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._interval_s)
+            try:
+                await self.save(every=self._stopping.is_set())
+            except Exception as exc:  # (the rates are a hint: the flush goes on without them)
+                log.warning("could not record the buckets' learnt rates: %s", exc)
+
+    def stop(self) -> None:
+        self._stopping.set()
