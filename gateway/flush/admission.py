@@ -32,6 +32,14 @@ in a row from one lane are common (one in 64 triples with 8 lanes), and at a few
 three of four refusals on one of three lanes happen one time in nine; but the refusal
 shares stay even, and small counts prove nothing, so nobody is isolated. The isolation
 ends when the lane's own rate has grown to the whole budget's.
+
+**A start after idle.** A budget idle for ``_RESTART_IDLE_S`` (nothing waiting or in
+flight: between two checkpoints) starts again when work comes: a fresh ``AdaptiveRate``
+that slow-starts, doubling per round trip, to the share of the limit it learnt
+(``AdaptiveRate.own_per_s``), as a restarted gateway does (``memory.py``). Kept as it
+was, the rate carried the shares of fleet peers that had finished the last checkpoint
+before it into the next one, which they start too (TCP restarts after idle for the same
+reason, RFC 5681 4.1).
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ if TYPE_CHECKING:
 _ISOLATE_AFTER = 3  # consecutive throttles of one lane (over 2+ events) that isolate it
 _OTHERS_REFUSED = 0.25  # the other lanes' share of refusals under this times the lane's
 _CHANCE = 0.02  # how likely an even spread of the refusals may be to load them on one lane
+_RESTART_IDLE_S = 5.0  # a budget idle this long starts again (module docstring)
 # A body this large (S3's usual part size) is bounded by the slow start's rate in flight,
 # not per second, until the bucket first refuses something (``BucketBudget._is_unpaced``).
 LARGE_BODY_BYTES = 8 << 20
@@ -106,11 +115,21 @@ class BucketBudget:
         self.throttles = 0
         self.answers = Answers()  # the bucket's recent answers, every lane's
         self.in_flight = 0  # admitted here, not answered yet (``Gate.answer`` counts those)
+        self._active_s = now_s  # the last grant or answer
 
     # -- queue -------------------------------------------------------------------------
 
-    def enqueue(self, lane: Lane) -> None:
+    def enqueue(self, lane: Lane, now_s: float) -> None:
         """``lane`` got a new waiting request: (re)queue it if its oldest one changed."""
+        if (
+            self.in_flight <= 0
+            and not self.has_waiting
+            and now_s - self._active_s >= _RESTART_IDLE_S
+            and self.rate.w_max_per_s is not None
+        ):  # work after idle: start again (module docstring)
+            self.rate = AdaptiveRate(self.config, now_s, known_per_s=self.rate.own_per_s)
+            self._pacer.follow(self.rate.rate_per_s, now_s)
+        self._active_s = now_s
         self._lanes.add(lane)
         key = self._key(lane)
         if key is not None and (lane.heap_key is None or key < lane.heap_key):
@@ -192,6 +211,7 @@ class BucketBudget:
                 self._pacer.take(ticket.requests, now_s)
             lane.grant(ticket, now_s)
             self.in_flight += 1
+            self._active_s = now_s
             # Start-time fair queueing: the round of this request becomes the bucket's
             # virtual time; the lane's next request belongs to the next round.
             self._round = max(self._round, lane.round)
@@ -268,6 +288,7 @@ class BucketBudget:
     def on_success(self, lane: Lane, sent_s: float, now_s: float, *, grown: bool = False) -> None:
         lane.answers.add(now_s, True)
         self.answers.add(now_s, True)
+        self._active_s = now_s
         if lane.isolation is not None:
             lane.isolation.on_success(sent_s, now_s, grown=grown)
             lane.repace(now_s)
@@ -286,6 +307,7 @@ class BucketBudget:
         docstring), else cut the bucket's budget (once per congestion event)."""
         lane.answers.add(now_s, False)
         self.answers.add(now_s, False)
+        self._active_s = now_s
         if lane.isolation is not None:
             if lane.isolation.on_throttle(sent_s, now_s):
                 lane.repace(now_s, drain=True)

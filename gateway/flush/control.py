@@ -198,6 +198,7 @@ class AdaptiveRate:
         # requests a second measured as a few: BENCHMARKS.md 7.10).
         self._answers = Answers() if answers is None else answers.copy()
         self._last_second = Answers(1.0) if answers is None else answers.copy(1.0)
+        self._lent_per_s = 0.0  # of w_max: fleet peers' shares taken over (``take_share``)
         if w_max_per_s is None and known_per_s is not None and known_per_s > 0:
             self.w_max_per_s = self._ssthresh = known_per_s
             if self._rate >= known_per_s:  # (a limit below the initial rate: start at it)
@@ -328,7 +329,22 @@ class AdaptiveRate:
         if self.w_max_per_s is None:
             self._rate = self._clamp(self._rate + extra_per_s)
             return
+        lent = self._lent_per_s + extra_per_s
         self._start_epoch(now_s, self.w_max_per_s + extra_per_s, self._rate + extra_per_s)
+        self._lent_per_s = lent
+
+    @property
+    def own_per_s(self) -> float | None:
+        """The limit learnt (``w_max``) without the shares taken over from fleet peers
+        that had finished (scaled with every change of ``w_max`` since): this gateway's
+        own share when they send too. It is what the next start of the budget, or of
+        the gateway, aims for: with the shares in it, the last gateways of a fleet to
+        finish a checkpoint started the next one at up to 1.6 times the partition's
+        limit together, and a node that joined fresh found it full and finished last
+        (1.27x in 3 of 4 seeds of 8 gateways at 3,500/s: BENCHMARKS.md 7.11)."""
+        if self.w_max_per_s is None:
+            return None
+        return max(self.config.floor_per_s, self.w_max_per_s - self._lent_per_s)
 
     def forget_limit(self) -> None:
         """What was learnt about the limit was not this budget's (a lane throttled on its
@@ -347,6 +363,8 @@ class AdaptiveRate:
         """A new epoch of the curve from ``rate`` towards ``w_max``; with ``cut_until_s``
         a cut, whose event takes throttles of requests sent until then."""
         self._rate = self._clamp(rate)
+        if self._lent_per_s and self.w_max_per_s:  # the lent part of w_max, in proportion
+            self._lent_per_s = min(w_max, self._lent_per_s * w_max / self.w_max_per_s)
         self.w_max_per_s = w_max
         below = max(0.0, w_max - self._rate) / max(w_max, 1e-9)
         self._k_s = math.cbrt(below / self._relative_c())

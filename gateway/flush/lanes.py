@@ -269,12 +269,13 @@ class Lanes:
         self._known.update((bucket, rate) for bucket, rate in rates.items() if rate > 0)
 
     def known_rates(self) -> dict[str, float]:
-        """Per bucket sent to since the start, the rate its budget learnt the upstream
-        accepts (``w_max``; the remembered one until it learns better)."""
+        """Per bucket sent to since the start, this gateway's share of the limit its
+        budget learnt (``AdaptiveRate.own_per_s``; the remembered one until it learns
+        better)."""
         return {
-            bucket: budget.rate.w_max_per_s
+            bucket: own
             for bucket, budget in self._budgets.items()
-            if budget.rate.w_max_per_s is not None
+            if (own := budget.rate.own_per_s) is not None
         }
 
     # -- admission -------------------------------------------------------------------------
@@ -293,7 +294,7 @@ class Lanes:
         ticket = Ticket(lane, order, requests, size_bytes, is_claimed=claimed)
         lane.add(ticket)
         lane.last_used_s = now_s
-        self.budget(lane.bucket, now_s).enqueue(lane)
+        self.budget(lane.bucket, now_s).enqueue(lane, now_s)
         return ticket
 
     @property

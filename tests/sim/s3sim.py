@@ -31,7 +31,7 @@ import itertools
 import math
 import random
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +241,9 @@ class Result:
     jain: float
     accepted: list[tuple[float, int]]
     windows: list[int] = field(default_factory=list)  # each gateway's window at the end
+    # Each gateway's learnt rates at the end (``Lanes.known_rates``): what its restart
+    # would start from (``known_rates=`` of the next run).
+    known_rates: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def drain_s(self) -> float:
@@ -307,13 +310,16 @@ def run(
     after_s: float = 3.0,
     until_s: float = 36000.0,
     fleet_shares: bool = True,
+    known_rates: Sequence[Mapping[str, float]] = (),
     **gateway_opts: object,
 ) -> Result:
     """Every gateway writes its checkpoint at t=0 and flushes until done
     (``gateway_opts``: ``sim_gateway.SimGateway``'s). The drain counts from t=0, the
     minimum from the first request (the bench's figures: ``loadtest/bench.py``). Several
     gateways are a fleet (``fleet_shares``): each tells the others its shares once a
-    second, at its own phase, as its lease renewals do (``flush/shares.py``)."""
+    second, at its own phase, as its lease renewals do (``flush/shares.py``). Gateway g
+    starts from ``known_rates[g]`` if given: a restart after a run that learnt them
+    (``flush/memory.py``)."""
     from sim_gateway import SimGateway  # the gateway model builds on this module
 
     sim = Sim(seed)
@@ -331,6 +337,8 @@ def run(
         )
         for g in range(gateways)
     ]
+    for g, known in zip(gws, known_rates, strict=False):
+        g.lanes.remember(known)
     if fleet_shares and gateways > 1:
         phases = random.Random(seed + 7919)  # not the simulation's own draws
         for g in gws:
@@ -351,6 +359,7 @@ def run(
         jain=jain([shares[g] / common_s for g in range(gateways)]),
         accepted=s3.accepted,
         windows=[g.gate.window.size for g in gws],
+        known_rates=[g.lanes.known_rates() for g in gws],
     )
 
 

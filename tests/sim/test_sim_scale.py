@@ -133,3 +133,33 @@ def test_sim_large_puts_need_ten_connections() -> None:
     net = Net(up_s=0.0175, down_s=0.0175, conn_bytes_per_s=10 * MB, link_bytes_per_s=100 * MB)
     r = run(S3Model(**NO_LIMIT), ranks=8, shards=6, net=net, size_bytes=16 << 20)
     assert r.ratio <= 1.1, r.ratio
+
+
+def test_sim_a_restarted_gateway_is_back_at_3500_a_second_within_a_second() -> None:
+    """One gateway, one partition of 3,500/s, 150 ms round trips, a 15 s drain. Fresh,
+    its slow start from 10/s doubles once a second (a fresh rate cannot tell S3's limit
+    from a cold partition's few): 1.45x. Restarted, it slow-starts to the rate its last
+    run learnt (``flush/memory.py``), doubling per round trip: 1.16x."""
+    net = Net(up_s=0.075, down_s=0.075, jitter_s=0.015)
+    objects = scale.objects_for(3500.0, 1, 15.0)
+    fresh = scale.case(3500.0, 1, objects, 1, net=net)
+    assert fresh.known_rates[0], "a limit learnt"
+    restarted = scale.case(3500.0, 1, objects, 2, net=net, known_rates=fresh.known_rates)
+    assert restarted.ratio <= 1.2, restarted.ratio
+    assert fresh.ratio - restarted.ratio > 0.2, (fresh.ratio, restarted.ratio)
+    assert restarted.share_503 < 0.03
+
+
+def test_sim_a_node_joining_fresh_among_restarted_ones_is_not_left_behind() -> None:
+    """Eight gateways on one partition of 3,500/s; seven restarted from what they learnt,
+    one fresh (a node replaced with an empty disk). Had the restarted ones remembered
+    the shares they took over from peers that finished first (``own_per_s``), they would
+    have started at 1.6x the limit together, and the fresh one, finding the partition
+    full, finished last: 1.27x in 3 of 4 seeds of a 30 s drain (BENCHMARKS.md 7.11)."""
+    net = Net(up_s=0.0175, down_s=0.0175, jitter_s=0.0035)
+    objects = scale.objects_for(3500.0, 8, 15.0)
+    first = scale.case(3500.0, 8, objects, 1, net=net)
+    assert sum(sum(k.values()) for k in first.known_rates) <= 1.1 * 3500.0
+    mixed = scale.case(3500.0, 8, objects, 2, net=net, known_rates=[{}] + first.known_rates[1:])
+    assert mixed.ratio <= 1.2, (mixed.ratio, mixed.finish_s)
+    assert mixed.share_503 < 0.03

@@ -10,7 +10,9 @@ import pytest
 
 from gateway.flush.admission import _chance_of_at_least
 from gateway.flush.control import RateConfig
+from gateway.flush.gate import Gate, GateConfig, Outcome
 from gateway.flush.lanes import Lane, LaneConfig, Lanes, Ticket
+from gateway.flush.window import WindowConfig
 
 
 def _lanes(rate: float = 1000.0, **lane: float) -> Lanes:
@@ -308,3 +310,62 @@ def test_the_chance_of_a_lopsided_spread_is_the_binomial_tail() -> None:
     assert _chance_of_at_least(3, 3, 1.0) == 1.0  # the lane sent everything: proves nothing
     assert _chance_of_at_least(30_000, 60_000, 0.5) == pytest.approx(0.5, abs=0.01)
     assert _chance_of_at_least(31_000, 60_000, 0.5) < 1e-9
+
+
+# -- a start after idle -----------------------------------------------------------------------
+
+
+def _checkpoint_with_a_share_taken(gate: Gate) -> float:
+    """30 requests at t=0 through the gate: 5 of the first 10 refused (a limit learnt),
+    then a fleet peer's share of 50/s taken over while the rest wait; all answered by
+    t=2. The budget's own share of the limit."""
+    tickets = [gate.submit(gate.lane_for("b", f"p{i % 3}/x{i}", 0.0), i, 0, 0.0) for i in range(30)]
+    granted, _ = gate.pump(0.0)
+    for i, ticket in enumerate(granted[:10]):
+        gate.sent(ticket, 0.0)
+        gate.answer(ticket, 0.05, Outcome.THROTTLED if i < 5 else Outcome.ACCEPTED)
+    budget = gate.lanes.budgets_by_name()["b"]
+    own = budget.rate.own_per_s
+    assert own is not None and budget.take_share(0.1, 50.0)
+    assert budget.rate.w_max_per_s == pytest.approx(own + 50.0)
+    assert budget.rate.own_per_s == pytest.approx(own)  # the peer's share is lent, not ours
+    now_s = 0.1
+    while not all(t.is_done for t in tickets) and now_s < 2.0:
+        granted, _ = gate.pump(now_s)
+        for ticket in [t for t in tickets if t.is_granted and not t.is_done]:
+            gate.sent(ticket, now_s)
+            gate.answer(ticket, now_s + 0.005, Outcome.ACCEPTED)
+        now_s += 0.01
+    assert all(t.is_done for t in tickets) and gate.in_flight == 0
+    return own
+
+
+def _idle_gate() -> Gate:
+    lanes = Lanes(LaneConfig(depth=1), RateConfig(initial_per_s=100.0))
+    return Gate(lanes, GateConfig(window=WindowConfig(initial=64)), 0.0)
+
+
+def test_a_budget_idle_between_checkpoints_starts_again_towards_its_own_share() -> None:
+    """Work after 5 s of idle starts a fresh rate that slow-starts, per round trip, to
+    the share of the limit the budget learnt, the peers' shares it took over left out
+    (they start the next checkpoint too)."""
+    gate = _idle_gate()
+    own = _checkpoint_with_a_share_taken(gate)
+    before = gate.lanes.budgets_by_name()["b"].rate
+    gate.submit(gate.lane_for("b", "p0/next", 8.0), 100, 0, 8.0)
+    after = gate.lanes.budgets_by_name()["b"].rate
+    assert after is not before
+    assert after.w_max_per_s == pytest.approx(own)  # 50/s less than the limit it had
+    # From the initial rate per round trip, or at once when the share is below it.
+    assert after.rate_per_s == pytest.approx(min(own, 100.0))
+    assert after.is_slow_start == (own > 100.0)
+    assert gate.lanes.known_rates() == {"b": pytest.approx(own)}
+
+
+def test_a_budget_busy_or_idle_for_less_than_5_s_keeps_its_rate() -> None:
+    gate = _idle_gate()
+    _checkpoint_with_a_share_taken(gate)
+    before = gate.lanes.budgets_by_name()["b"].rate
+    gate.submit(gate.lane_for("b", "p0/next", 4.0), 100, 0, 4.0)  # 2 s after the last answer
+    gate.submit(gate.lane_for("b", "p1/next", 12.0), 101, 0, 12.0)  # work is waiting
+    assert gate.lanes.budgets_by_name()["b"].rate is before

@@ -379,3 +379,17 @@ def test_a_remembered_rate_above_the_limit_is_cut_at_the_first_503_by_what_got_t
     assert budget.w_max_per_s is not None and budget.w_max_per_s <= 100.0
     assert budget.rate_per_s < 100.0
     assert not budget.on_throttle(1.0, 1.03)  # the same event
+
+
+def test_a_share_taken_over_is_lent_not_learnt_and_stays_in_proportion_through_a_cut() -> None:
+    """A peer's share taken over raises w_max, not this gateway's own share of it (the
+    figure its next start aims for); a cut measures both anew, in the same proportion."""
+    budget = _steady(100.0, at_s=0.0)
+    _grow(budget, 0.0, 10.0)
+    budget.take_share(10.0, 50.0)
+    assert (budget.w_max_per_s, budget.own_per_s) == (pytest.approx(150.0), pytest.approx(100.0))
+    _traffic(budget, 120.0, 10.0, 13.0)  # S3 took 120/s of the 150
+    assert budget.on_throttle(13.0, 13.01)
+    assert budget.w_max_per_s is not None and budget.own_per_s is not None
+    assert budget.own_per_s == pytest.approx(budget.w_max_per_s * 100.0 / 150.0)
+    assert AdaptiveRate(CONFIG, 0.0).own_per_s is None  # nothing learnt

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import pytest
 
 from gateway.clock import FakeClock
+from gateway.flush.control import AdaptiveRate
 from gateway.flush.lanes import LaneConfig, Lanes
 from gateway.flush.memory import MAX_AGE_S, RateMemory
 
@@ -29,6 +30,13 @@ class Store:
             raise OSError("disk full")
         self.saves.append(dict(rates))
         self.records.update((b, (rate, now_wall_s)) for b, rate in rates.items())
+
+
+def _learn_again(rate: AdaptiveRate, now_s: float) -> None:
+    """Answers, then a throttle: a new congestion event measures a new limit."""
+    for i in range(20):
+        rate.on_success(now_s + i * 0.01, now_s + i * 0.01 + 0.005)
+    assert rate.on_throttle(now_s + 0.3, now_s + 0.31)
 
 
 def test_lanes_hand_a_remembered_rate_to_the_budget_they_make() -> None:
@@ -80,7 +88,7 @@ async def test_run_saves_on_its_interval_and_once_more_at_the_stop_and_outlives_
             break
     assert store.saves, "the interval's save"
     store.fail = True
-    lanes.budget("a", clock.monotonic()).rate.take_share(clock.monotonic(), 5.0)  # w_max + 5
+    _learn_again(lanes.budget("a", clock.monotonic()).rate, clock.monotonic())
     await asyncio.sleep(0.05)
     assert "could not record" in caplog.text
     assert not task.done()
