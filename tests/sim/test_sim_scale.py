@@ -160,6 +160,6 @@ def test_sim_a_node_joining_fresh_among_restarted_ones_is_not_left_behind() -> N
     objects = scale.objects_for(3500.0, 8, 15.0)
     first = scale.case(3500.0, 8, objects, 1, net=net)
     assert sum(sum(k.values()) for k in first.known_rates) <= 1.1 * 3500.0
-    mixed = scale.case(3500.0, 8, objects, 2, net=net, known_rates=[{}] + first.known_rates[1:])
+    mixed = scale.case(3500.0, 8, objects, 2, net=net, known_rates=[{}, *first.known_rates[1:]])
     assert mixed.ratio <= 1.2, (mixed.ratio, mixed.finish_s)
     assert mixed.share_503 < 0.03
