@@ -20,7 +20,9 @@ One run, three phases, each against fresh servers:
    ``--warm-up`` the gateways first write and drain a checkpoint of the same shape (step 0),
    as a job's earlier checkpoint; ``--restart-after-warm-up`` also stops them (SIGTERM)
    and starts them again on their data dirs before the measured one (step 1), as a
-   rolling upgrade does. Every figure is the measured checkpoint's.
+   rolling upgrade does; ``--replace-one-after-warm-up`` starts gateway 0 again on an
+   empty data dir while the others run on (a node replaced). Every figure is the measured
+   checkpoint's.
 
 Printed: the job's stall for both legs and its ratio, ack p50/p99, the drain time from
 the burst's start against the emulator's minimum (loadtest/flowstats.py: the partitions'
@@ -343,7 +345,8 @@ def _warm_up(
         raise BenchError(f"the warm-up had failed writes: {[r.errors for r in results]}")
     if not all(_drain(admin, deadline)[0] for _, _, admin in started):
         raise BenchError("the warm-up checkpoint did not drain")
-    return {"drained_s": round(time.monotonic() - t0, 3)}
+    budgets = [http(admin + "/admin/v1/status")[1].get("flow_budgets") for _, _, admin in started]
+    return {"drained_s": round(time.monotonic() - t0, 3), "flow_budgets": budgets}
 
 
 def gateway_leg(
@@ -359,6 +362,7 @@ def gateway_leg(
     fleet: bool = False,
     warm_up: bool = False,
     restart: bool = False,
+    replace_one: bool = False,
 ) -> dict[str, Any]:
     emu, url = start_emulator(workdir, "gateway-emulator", **throttles)
     procs: list[Proc] = []
@@ -374,6 +378,17 @@ def gateway_leg(
                 procs = []
                 started = _start_gateways(workdir, url, extra, ports, fleet)
                 procs = [p for p, _, _ in started]
+            elif replace_one:  # gateway 0's node replaced: a fresh disk, the others run on
+                warm["exit_codes"] = [procs[0].stop()]
+                shutil.rmtree(workdir / "gateway0-data")
+                args = extra
+                if fleet:
+                    peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+                    args = [*extra, "--node-id", "gateway0", "--peers", peers]
+                started[0] = start_gateway(workdir, "gateway0", url, args, ports[0])
+                procs[0] = started[0][0]
+                if fleet:
+                    _wait_fleet([admin for _, _, admin in started])
         if paused_ingest:  # the whole burst first: the flushers then start together
             for _, _, admin in started:
                 http(admin + "/admin/v1/flush/pause", "POST")
@@ -500,7 +515,9 @@ def report(res: dict[str, Any]) -> None:
     )
     print(f"gateways     lanes at depth {res['lane_depth']}; extra args {res['gateway_args']}")
     if g and g.get("warm_up"):
-        restarted = " then restarted," if res["warm_up"] == "restart" else ""
+        restarted = {"restart": " then restarted,", "replace one": " gateway 0 replaced,"}.get(
+            res["warm_up"], ""
+        )
         print(
             f"warm-up      a checkpoint of the same shape drained in "
             f"{g['warm_up']['drained_s']} s,{restarted} before the measured one"
@@ -678,6 +695,12 @@ def _arguments() -> argparse.ArgumentParser:
         action="store_true",
         help="restart the gateways (SIGTERM, same data dirs) after the warm-up",
     )
+    p.add_argument(
+        "--replace-one-after-warm-up",
+        action="store_true",
+        help="after the warm-up, gateway 0 starts again on an empty data dir (a node "
+        "replaced); the others keep running",
+    )
     p.add_argument("--legs", default="direct,gateway", help="direct,gateway or one of them")
     p.add_argument("--drain-timeout", type=float, default=600.0)
     p.add_argument(
@@ -698,7 +721,9 @@ def _arguments() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _arguments()
     args = parser.parse_args(argv)
-    if args.restart_after_warm_up:
+    if args.restart_after_warm_up and args.replace_one_after_warm_up:
+        parser.error("--restart-after-warm-up or --replace-one-after-warm-up, not both")
+    if args.restart_after_warm_up or args.replace_one_after_warm_up:
         args.warm_up = True
     if args.warm_up and (args.limit_change or args.storm or args.split_after or args.sim):
         parser.error("--warm-up: the limit's changes and --sim count from the first request")
@@ -715,7 +740,11 @@ def main(argv: list[str] | None = None) -> int:
         "gateway_args": args.gateway_arg,
         "bandwidth_divisor": args.bandwidth_divisor,
         "paused_ingest": args.paused_ingest,
-        "warm_up": "restart" if args.restart_after_warm_up else args.warm_up,
+        "warm_up": "restart"
+        if args.restart_after_warm_up
+        else "replace one"
+        if args.replace_one_after_warm_up
+        else args.warm_up,
     }
     ok = False
     try:
@@ -763,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
                 fleet=args.fleet and args.gateways > 1,
                 warm_up=args.warm_up,
                 restart=args.restart_after_warm_up,
+                replace_one=args.replace_one_after_warm_up,
             )
         if args.sim and res.get("gateway"):
             res["simulator"] = _simulated(args, profile, throttles, res["gateway"])

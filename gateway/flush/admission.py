@@ -83,6 +83,7 @@ class BudgetStatus:
     bucket: str
     rate_per_s: float  # what the bucket's lanes may send together now
     w_max_per_s: float | None  # the rate last throttled at (None: never throttled)
+    own_per_s: float | None  # w_max less the fleet peers' shares taken over
     is_slow_start: bool
     events: int  # congestion events (cuts) so far
     throttles: int  # throttles that counted against the budget
@@ -357,6 +358,7 @@ class BucketBudget:
             self.bucket,
             round(self.rate.rate_per_s, 3),
             None if self.rate.w_max_per_s is None else round(self.rate.w_max_per_s, 3),
+            None if (own := self.rate.own_per_s) is None else round(own, 3),
             self.rate.is_slow_start,
             self.rate.events,
             self.throttles,
