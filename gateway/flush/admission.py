@@ -36,7 +36,8 @@ ends when the lane's own rate has grown to the whole budget's.
 **A start after idle.** A budget idle for ``_RESTART_IDLE_S`` (nothing waiting or in
 flight: between two checkpoints) starts again when work comes: a fresh ``AdaptiveRate``
 that slow-starts, doubling per round trip, to the share of the limit it learnt
-(``AdaptiveRate.own_per_s``), as a restarted gateway does (``memory.py``). Kept as it
+(``known_per_s``: its own, at least the fleet's fair share), as a restarted gateway does
+(``memory.py``). Kept as it
 was, the rate carried the shares of fleet peers that had finished the last checkpoint
 before it into the next one, which they start too (TCP restarts after idle for the same
 reason, RFC 5681 4.1).
@@ -117,6 +118,7 @@ class BucketBudget:
         self.answers = Answers()  # the bucket's recent answers, every lane's
         self.in_flight = 0  # admitted here, not answered yet (``Gate.answer`` counts those)
         self._active_s = now_s  # the last grant or answer
+        self._fair: tuple[int, float] = (0, 0.0)  # (senders, fair share): ``note_fair_share``
 
     # -- queue -------------------------------------------------------------------------
 
@@ -128,8 +130,9 @@ class BucketBudget:
             and now_s - self._active_s >= _RESTART_IDLE_S
             and self.rate.w_max_per_s is not None
         ):  # work after idle: start again (module docstring)
-            self.rate = AdaptiveRate(self.config, now_s, known_per_s=self.rate.own_per_s)
+            self.rate = AdaptiveRate(self.config, now_s, known_per_s=self.known_per_s)
             self._pacer.follow(self.rate.rate_per_s, now_s)
+            self._fair = (0, 0.0)  # the next checkpoint's fleet measures its own
         self._active_s = now_s
         self._lanes.add(lane)
         key = self._key(lane)
@@ -257,6 +260,19 @@ class BucketBudget:
         if self.in_flight <= 0 and not self.has_waiting:
             return None
         return self.answers.accepted_per_s(now_s)
+
+    @property
+    def known_per_s(self) -> float | None:
+        """The rate the next start aims for: this gateway's own share of the limit learnt
+        (``AdaptiveRate.own_per_s``), at least the fleet's fair share of it."""
+        own = self.rate.own_per_s
+        return None if own is None else max(own, self._fair[1])
+
+    def note_fair_share(self, fair_per_s: float, senders: int) -> None:
+        """The fleet's total through the bucket divided by its ``senders`` (``shares.py``):
+        kept if measured with at least as many senders as the one kept."""
+        if senders >= self._fair[0]:
+            self._fair = (senders, fair_per_s)
 
     def take_share(self, now_s: float, extra_per_s: float) -> bool:
         """A fleet peer's freed share of the bucket: the budget's rate grows by

@@ -223,6 +223,12 @@ class Gate:
         budget = self.lanes.budgets_by_name().get(bucket)
         return budget is not None and budget.take_share(now_s, extra_per_s)
 
+    def note_fair_share(self, bucket: str, fair_per_s: float, senders: int) -> None:
+        """The fleet's fair share of ``bucket`` (``BucketBudget.note_fair_share``)."""
+        budget = self.lanes.budgets_by_name().get(bucket)
+        if budget is not None:
+            budget.note_fair_share(fair_per_s, senders)
+
     def claim_room(self, tasks: int) -> int:
         """How many more rows to claim, with ``tasks`` uploads running: free slots, where a
         task waiting for admission holds none, plus a quarter of the window for uploads
@@ -308,6 +314,9 @@ class RequestGate:
         if taken:
             self._pump()
         return taken
+
+    def note_fair_share(self, bucket: str, fair_per_s: float, senders: int) -> None:
+        self.core.note_fair_share(bucket, fair_per_s, senders)
 
     @property
     def is_paused(self) -> bool:

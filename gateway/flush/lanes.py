@@ -270,12 +270,12 @@ class Lanes:
 
     def known_rates(self) -> dict[str, float]:
         """Per bucket sent to since the start, this gateway's share of the limit its
-        budget learnt (``AdaptiveRate.own_per_s``; the remembered one until it learns
+        budget learnt (``BucketBudget.known_per_s``; the remembered one until it learns
         better)."""
         return {
-            bucket: own
+            bucket: known
             for bucket, budget in self._budgets.items()
-            if (own := budget.rate.own_per_s) is not None
+            if (known := budget.known_per_s) is not None
         }
 
     # -- admission -------------------------------------------------------------------------

@@ -17,6 +17,13 @@ heard: this node takes ``freed * mine / (mine + others')`` (``Gate.take_share``,
 while work waits for its rate). A peer that falls silent hands nothing over (it may
 still be sending, cut off from this node but not from S3); its figures are forgotten.
 
+Each report also gives the fair share of a bucket: what the members sending to it got
+through together, divided by them. A budget keeps the one measured with the most senders
+at once (the latest of those), and its next start (after a restart, or between two
+checkpoints: ``admission.py``, "A start after idle") aims for it at least: where the
+members' own shares came out uneven (48, 82 and 80 of 200 requests/s at one bench's
+first congestion event), the one with the least finished the next checkpoint last.
+
 It only ever raises a rate by what a peer measured as going through. Where the peers do
 not share a partition (S3 partitions by prefix and does not say how), the raise is
 refused by this node's own partition, and the first 503 cuts it back as any other
@@ -43,6 +50,11 @@ class ShareGate(Protocol):
 
     def take_share(self, bucket: str, extra_per_s: float) -> bool:
         """Raise the bucket's rate by ``extra_per_s`` if work waits for it."""
+        ...
+
+    def note_fair_share(self, bucket: str, fair_per_s: float, senders: int) -> None:
+        """What ``senders`` gateways (this one too) get through to the bucket together,
+        divided by them: the share the next start of its budget aims for at least."""
         ...
 
 
@@ -73,6 +85,7 @@ class FleetShares:
         self._forget_stale(now_s)
         before = self._peers.get(peer)
         self._peers[peer] = _Peer(now_s, {b: max(0.0, float(r)) for b, r in shares.items()})
+        self._note_fair_shares()
         if before is None:
             return
         for bucket, freed_per_s in before.shares.items():
@@ -109,6 +122,15 @@ class FleetShares:
             self.handovers += 1
             metrics.FLOW_SHARES_TAKEN.labels(bucket).inc()
             metrics.FLOW_SHARES_TAKEN_RATE.labels(bucket).inc(extra_per_s)
+
+    def _note_fair_shares(self) -> None:
+        """For each bucket this node sends to with peers: the fleet's total through it,
+        divided by the senders (``ShareGate.note_fair_share``)."""
+        for bucket, mine in self._gate.shares().items():
+            others = [p.shares[bucket] for p in self._peers.values() if bucket in p.shares]
+            if others:
+                senders = len(others) + 1
+                self._gate.note_fair_share(bucket, (mine + sum(others)) / senders, senders)
 
     def _forget_stale(self, now_s: float) -> None:
         for peer in [p for p, v in self._peers.items() if v.heard_s < now_s - STALE_S]:

@@ -255,3 +255,6 @@ class _ShareGate:
         if taken:
             self._gw.pump()
         return taken
+
+    def note_fair_share(self, bucket: str, fair_per_s: float, senders: int) -> None:
+        self._gw.gate.note_fair_share(bucket, fair_per_s, senders)

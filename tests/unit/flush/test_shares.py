@@ -18,6 +18,7 @@ class FakeGate:
         self.mine = shares
         self.wants = wants
         self.taken: list[tuple[str, float]] = []
+        self.fair: list[tuple[str, float, int]] = []
 
     def shares(self) -> dict[str, float]:
         return dict(self.mine)
@@ -26,6 +27,9 @@ class FakeGate:
         if self.wants:
             self.taken.append((bucket, extra_per_s))
         return self.wants
+
+    def note_fair_share(self, bucket: str, fair_per_s: float, senders: int) -> None:
+        self.fair.append((bucket, round(fair_per_s, 3), senders))
 
 
 def test_a_bucket_a_peer_stops_sending_to_is_split_by_what_each_gets_through() -> None:
@@ -97,3 +101,29 @@ def test_the_status_says_who_sends_to_which_bucket_and_what_was_taken_over() -> 
     assert "  b: 20 (me 20)" in shown
     assert "  c: 4 (p 4)" in shown
     assert "taken over from members that stopped: 30/s in 1 hand-overs" in shown
+
+
+def test_each_report_gives_the_fleet_total_per_sender_of_the_buckets_shared() -> None:
+    gate, clock = FakeGate({"b": 50.0, "alone": 9.0}), ManualClock(0.0)
+    shares = FleetShares(gate, clock)
+    shares.on_report("p", {"b": 80.0, "other": 5.0})
+    assert gate.fair == [("b", 65.0, 2)]  # (50 + 80) / 2; nobody else sends to "alone"
+    shares.on_report("q", {"b": 80.0})
+    assert gate.fair[-1] == ("b", 70.0, 3)
+
+
+def test_a_budget_keeps_the_fair_share_of_the_most_senders_and_starts_again_to_it() -> None:
+    """The fleet's first congestion event left this node with 48 of 200/s and two peers
+    with 76 each: its next start aims for a third of the fleet's total, not 48. The
+    fair shares measured later with fewer senders (peers done) do not count."""
+    lanes = Lanes(LaneConfig(depth=1), RateConfig(initial_per_s=10.0))
+    budget = lanes.budget("b", 0.0)
+    budget.rate.on_throttle(0.0, 0.05)  # a limit learnt: what got through (the floor here)
+    own = budget.rate.own_per_s
+    assert own is not None and own < 60.0
+    budget.note_fair_share(66.7, 3)
+    budget.note_fair_share(150.0, 2)  # a peer done: two senders measure more each
+    assert budget.known_per_s == pytest.approx(66.7)
+    assert lanes.known_rates() == {"b": pytest.approx(66.7)}
+    budget.note_fair_share(1.0, 3)  # the latest with as many senders wins ...
+    assert budget.known_per_s == pytest.approx(own)  # ... and never below its own share
