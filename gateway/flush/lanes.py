@@ -266,7 +266,9 @@ class Lanes:
     def remember(self, rates: Mapping[str, float]) -> None:
         """Rates learnt of buckets before (a previous run's ``known_rates``): a bucket's
         budget made from now on slow-starts to its rate quickly (``AdaptiveRate``)."""
-        self._known.update((bucket, rate) for bucket, rate in rates.items() if rate > 0)
+        self._known.update(
+            (bucket, rate) for bucket, rate in rates.items() if 0 < rate < math.inf
+        )  # (a figure that says nothing, or no bound at all, is not a rate to aim for)
 
     def known_rates(self) -> dict[str, float]:
         """Per bucket sent to since the start, this gateway's share of the limit its

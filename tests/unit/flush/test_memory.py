@@ -4,6 +4,7 @@ and come back to the lanes at the next start (``flush/memory.py``)."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping
 
 import pytest
@@ -41,11 +42,11 @@ def _learn_again(rate: AdaptiveRate, now_s: float) -> None:
 
 def test_lanes_hand_a_remembered_rate_to_the_budget_they_make() -> None:
     lanes = Lanes(LaneConfig())
-    lanes.remember({"a": 120.0, "b": 0.0})  # (a rate of 0 says nothing)
+    lanes.remember({"a": 120.0, "b": 0.0, "c": math.inf, "d": math.nan})  # (nothing)
     assert lanes.known_rates() == {}  # nothing sent yet this run
     rate = lanes.budget("a", 0.0).rate
     assert (rate.w_max_per_s, rate.is_slow_start) == (120.0, True)
-    assert lanes.budget("b", 0.0).rate.w_max_per_s is None
+    assert [lanes.budget(b, 0.0).rate.w_max_per_s for b in "bcd"] == [None, None, None]
     assert lanes.known_rates() == {"a": 120.0}
 
 
