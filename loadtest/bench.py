@@ -725,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--restart-after-warm-up or --replace-one-after-warm-up, not both")
     if args.restart_after_warm_up or args.replace_one_after_warm_up:
         args.warm_up = True
-    if args.warm_up and (args.limit_change or args.storm or args.split_after or args.sim):
-        parser.error("--warm-up: the limit's changes and --sim count from the first request")
+    if args.warm_up and (args.limit_change or args.storm or args.split_after):
+        parser.error("--warm-up: the limit's changes count from the first request")
     profile = profile_from_args(args)
     legs = set(args.legs.split(","))
     extra = [f"--lane-depth={args.lane_depth}", *args.gateway_arg]
@@ -838,6 +838,8 @@ def _simulated(
         paused_ingest=args.paused_ingest,
         seeds=[int(s) for s in args.sim.split(",")],
         fleet=args.fleet and args.gateways > 1,
+        warm_up=gateway.get("warm_up") is not None
+        and ("replace one" if args.replace_one_after_warm_up else True),
     )
     return {
         "ratios": figures.ratios,

@@ -12,7 +12,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sim"))
 
-from s3sim import Net, S3Model, run
+from s3sim import Net, Result, S3Model, run
 
 WRITE_BACK_S = 0.5  # the gateways' default --write-back-delay
 
@@ -39,8 +39,12 @@ def simulate(
     paused_ingest: bool,
     seeds: list[int],
     fleet: bool = False,
+    warm_up: str | bool = False,
 ) -> SimFigures:
-    """The bench's case in the simulator (``throttles``: the emulator's options)."""
+    """The bench's case in the simulator (``throttles``: the emulator's options). With
+    ``warm_up`` the figure is a second run's, its gateways started from what the first
+    run's learnt (``known_rates``: a restart, or the next checkpoint after idle, which
+    starts the same way); ``"replace one"``: gateway 0 starts fresh."""
     latency_s = float(throttles["latency_ms"]) / 1000
     net = Net(
         up_s=latency_s / 2,
@@ -51,13 +55,14 @@ def simulate(
     )
     results = []
     for seed in seeds:
-        s3 = S3Model(
-            rate_per_s=float(throttles["prefix_rate"]),
-            depth=int(throttles["prefix_depth"]),
-            burst=float(throttles["prefix_burst"]),
-        )
-        results.append(
-            run(
+
+        def once(seed: int, known: list[dict[str, float]]) -> Result:
+            s3 = S3Model(
+                rate_per_s=float(throttles["prefix_rate"]),
+                depth=int(throttles["prefix_depth"]),
+                burst=float(throttles["prefix_burst"]),
+            )
+            return run(
                 s3,
                 gateways=gateways,
                 ranks=ranks,
@@ -68,8 +73,14 @@ def simulate(
                 write_back_s=0.0 if paused_ingest else WRITE_BACK_S,
                 ingest_s=0.0 if paused_ingest else ingest_s,
                 fleet_shares=fleet,
+                known_rates=known,
             )
-        )
+
+        result = once(seed, [])
+        if warm_up:
+            known = result.known_rates
+            result = once(seed + 1000, [{}, *known[1:]] if warm_up == "replace one" else known)
+        results.append(result)
     return SimFigures(
         [round(r.ratio, 3) for r in results],
         max(r.share_503 for r in results),
