@@ -200,6 +200,7 @@ class AdaptiveRate:
         self._last_second = Answers(1.0) if answers is None else answers.copy(1.0)
         self._lent_per_s = 0.0  # of w_max: fleet peers' shares taken over (``take_share``)
         if w_max_per_s is None and known_per_s is not None and known_per_s > 0:
+            known_per_s = self._clamp(known_per_s)  # (a slow start to past the cap never ends)
             self.w_max_per_s = self._ssthresh = known_per_s
             if self._rate >= known_per_s:  # (a limit below the initial rate: start at it)
                 self._start_epoch(now_s, known_per_s, known_per_s)

@@ -368,6 +368,14 @@ def test_a_remembered_rate_under_the_initial_one_is_the_start() -> None:
     assert (budget.rate_per_s, budget.w_max_per_s, budget.is_slow_start) == (0.5, 0.5, False)
 
 
+def test_a_remembered_rate_over_the_ceiling_is_the_ceiling() -> None:
+    capped = dataclasses.replace(CONFIG, ceiling_per_s=50.0)
+    budget = AdaptiveRate(capped, 0.0, known_per_s=400.0)
+    assert budget.w_max_per_s == 50.0
+    _slow_start_to_plateau(budget)
+    assert (budget.rate_per_s, budget.is_slow_start) == (50.0, False)
+
+
 def test_a_remembered_rate_above_the_limit_is_cut_at_the_first_503_by_what_got_through() -> None:
     """The limit fell while the gateway was down: the first throttle ends the slow start
     at what was accepted, one event, and the lower figure replaces the remembered one."""
