@@ -37,10 +37,9 @@ ends when the lane's own rate has grown to the whole budget's.
 flight: between two checkpoints) starts again when work comes: a fresh ``AdaptiveRate``
 that slow-starts, doubling per round trip, to the share of the limit it learnt
 (``known_per_s``: its own, at least the fleet's fair share), as a restarted gateway does
-(``memory.py``). Kept as it
-was, the rate carried the shares of fleet peers that had finished the last checkpoint
-before it into the next one, which they start too (TCP restarts after idle for the same
-reason, RFC 5681 4.1).
+(``memory.py``). Kept as it was, the rate carried the shares of fleet peers that had
+finished the last checkpoint before it into the next one, which they start too (TCP
+restarts after idle for the same reason, RFC 5681 4.1).
 """
 
 from __future__ import annotations

@@ -17,17 +17,17 @@ heard: this node takes ``freed * mine / (mine + others')`` (``Gate.take_share``,
 while work waits for its rate). A peer that falls silent hands nothing over (it may
 still be sending, cut off from this node but not from S3); its figures are forgotten.
 
+It only ever raises a rate by what a peer measured as going through. Where the peers do
+not share a partition (S3 partitions by prefix and does not say how), the raise is
+refused by this node's own partition, and the first 503 cuts it back as any other
+overshoot is: one congestion event per hand-over, no more.
+
 Each report also gives the fair share of a bucket: what the members sending to it got
 through together, divided by them. A budget keeps the one measured with the most senders
 at once (the latest of those), and its next start (after a restart, or between two
 checkpoints: ``admission.py``, "A start after idle") aims for it at least: where the
 members' own shares came out uneven (48, 82 and 80 of 200 requests/s at one bench's
 first congestion event), the one with the least finished the next checkpoint last.
-
-It only ever raises a rate by what a peer measured as going through. Where the peers do
-not share a partition (S3 partitions by prefix and does not say how), the raise is
-refused by this node's own partition, and the first 503 cuts it back as any other
-overshoot is: one congestion event per hand-over, no more.
 """
 
 from __future__ import annotations
