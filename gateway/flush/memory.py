@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 MAX_AGE_S = 24 * 3600.0
 SAVE_INTERVAL_S = 5.0
+REFRESH_S = 3600.0  # every rate is recorded again this often (its age after a kill -9)
 
 
 class RateStore(Protocol):
@@ -59,6 +60,7 @@ class RateMemory:
         self._max_age_s = max_age_s
         self._interval_s = interval_s
         self._saved: dict[str, float] = {}
+        self._saved_all_s = clock.wall()  # when every rate was last recorded
         self._stopping = asyncio.Event()
 
     async def recall(self) -> dict[str, float]:
@@ -69,13 +71,18 @@ class RateMemory:
         return rates
 
     async def save(self, *, every: bool = False) -> None:
-        """Record the rates that changed since the last save (``every``: those of every
-        bucket sent to since the start, as of now: their age counts from the stop)."""
+        """Record the rates that changed since the last save (``every``, and once every
+        ``REFRESH_S``: those of every bucket sent to since the start, as of now, so that
+        a rate in use is never too old to be recalled after a kill -9)."""
+        now_s = self._clock.wall()
+        every = every or now_s - self._saved_all_s >= REFRESH_S
         known = self._lanes.known_rates()
         rates = known if every else {b: r for b, r in known.items() if self._saved.get(b) != r}
         if rates:
-            await self._store.save(rates, self._clock.wall())
+            await self._store.save(rates, now_s)
             self._saved.update(rates)
+        if every:
+            self._saved_all_s = now_s
 
     async def run(self) -> None:
         """Save every ``interval_s`` until ``stop``, then once more with every rate. A

@@ -12,7 +12,7 @@ import pytest
 from gateway.clock import FakeClock
 from gateway.flush.control import AdaptiveRate
 from gateway.flush.lanes import LaneConfig, Lanes
-from gateway.flush.memory import MAX_AGE_S, RateMemory
+from gateway.flush.memory import MAX_AGE_S, REFRESH_S, RateMemory
 
 
 class Store:
@@ -69,6 +69,13 @@ async def test_recall_hands_recent_records_only_and_a_save_writes_what_changed()
     await memory.save()
     assert list(store.saves[-1]) == ["c"]
     await memory.save(every=True)  # the stop's: every bucket sent to, as of now
+    assert store.saves[-1].keys() == {"a", "c"}
+    assert store.records["a"] == (200.0, clock.wall())
+    saves = len(store.saves)
+    await memory.save()
+    assert len(store.saves) == saves  # nothing changed
+    clock.advance(REFRESH_S)
+    await memory.save()  # an hour on: every rate again, so none ages out while in use
     assert store.saves[-1].keys() == {"a", "c"}
     assert store.records["a"] == (200.0, clock.wall())
 
