@@ -8,7 +8,7 @@ running gateway keeps what it learnt from one checkpoint to the next (1.07x ther
 restarted one (a rolling upgrade, a crash, a node rebooted with its disk) paid the whole
 cost again. So each bucket's learnt rate (``AdaptiveRate.w_max_per_s``, what S3 accepted
 when it last throttled) is written to the journal whenever it changed (checked every
-``interval_s``) and, with every bucket's, at the stop; at the next start a bucket's budget
+``interval_s``) and, with every bucket's, hourly and at the stop; at the next start a bucket's budget
 slow-starts to it quickly (``control.py``, "A limit remembered"). A record older than
 ``max_age_s`` is not used: S3 scales a partition to the load it sees, and a day without
 it may have undone that. A record that is wrong costs one congestion event: the first
