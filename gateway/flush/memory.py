@@ -1,18 +1,21 @@
 """What the flusher learnt of each bucket's request rate, kept across restarts.
 
-A fresh gateway starts every bucket at ``--flush-initial-rate`` (10 requests/s) and doubles
-at most once a second, since a fresh rate cannot tell S3's limit of 3,500 requests/s from
-a cold partition's few: reaching R takes ``log2(R / 10)`` seconds, the fixed cost left in a
-short drain at S3's scale (1.26-1.28x the minimum at 200 requests/s, BENCHMARKS.md 7.11). A
-running gateway keeps what it learnt from one checkpoint to the next (1.07x there). A
-restarted one (a rolling upgrade, a crash, a node rebooted with its disk) paid the whole
-cost again. So each bucket's learnt rate (``AdaptiveRate.w_max_per_s``, what S3 accepted
-when it last throttled) is written to the journal whenever it changed (checked every
-``interval_s``) and, with every bucket's, hourly and at the stop; at the next start a bucket's budget
-slow-starts to it quickly (``control.py``, "A limit remembered"). A record older than
-``max_age_s`` is not used: S3 scales a partition to the load it sees, and a day without
-it may have undone that. A record that is wrong costs one congestion event: the first
-503 cuts the rate as it cuts a fresh slow start's overshoot.
+A fresh gateway starts every bucket at ``--flush-initial-rate`` (10 requests/s) and
+doubles at most once a second, since a fresh rate cannot tell S3's limit of 3,500
+requests/s from a cold partition's few: reaching R takes ``log2(R / 10)`` seconds, the
+fixed cost left in a short drain at S3's scale (1.26-1.28x the minimum at 200
+requests/s, BENCHMARKS.md 7.11). A running gateway keeps what it learnt from one
+checkpoint to the next; a restarted one (a rolling upgrade, a crash, a node rebooted with
+its disk) paid the whole cost again. So each bucket's learnt rate
+(``BucketBudget.known_per_s``: this gateway's own share of the limit, at least the
+fleet's fair share) is written to the journal whenever it changed (checked every
+``interval_s``) and, with every bucket's, hourly and at the stop. At the next start a
+bucket's budget slow-starts to it doubling per round trip (``control.py``, "A limit
+remembered"): 1.08x where a fresh start takes 1.28x. A record older than ``max_age_s``
+is not used: S3 scales a partition to the load it sees, and a day without it may have
+undone that. A record too high costs one congestion event (the first 503 cuts the rate
+as it cuts a fresh slow start's overshoot); one too low, the cubic's probe past it
+(about 10 s), as any raised limit does.
 """
 
 from __future__ import annotations
