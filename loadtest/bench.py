@@ -315,16 +315,23 @@ def _wait_fleet(admins: list[str], timeout_s: float = 60.0) -> None:
     raise BenchError(f"the fleet did not form in {timeout_s:.0f} s")
 
 
+def _gateway_args(extra: list[str], g: int, ports: list[int], fleet: bool) -> list[str]:
+    """Gateway g's serve flags: with ``fleet``, its node id and every gateway as a peer."""
+    if not fleet:
+        return extra
+    peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    return [*extra, "--node-id", f"gateway{g}", "--peers", peers]
+
+
 def _start_gateways(
     workdir: Path, url: str, extra: list[str], ports: list[int], fleet: bool
 ) -> list[tuple[Proc, str, str]]:
     """Gateway g on ``ports[g]`` with its data dir ``gateway<g>-data`` (kept across a
     restart); with ``fleet`` each has every other as a peer and the fleet has formed."""
-    peers = ",".join(f"127.0.0.1:{p}" for p in ports)
     started: list[tuple[Proc, str, str]] = []
     try:
         for g, port in enumerate(ports):
-            args = [*extra, "--node-id", f"gateway{g}", "--peers", peers] if fleet else extra
+            args = _gateway_args(extra, g, ports, fleet)
             started.append(start_gateway(workdir, f"gateway{g}", url, args, port))
         if fleet:
             _wait_fleet([admin for _, _, admin in started])
@@ -381,10 +388,7 @@ def gateway_leg(
             elif replace_one:  # gateway 0's node replaced: a fresh disk, the others run on
                 warm["exit_codes"] = [procs[0].stop()]
                 shutil.rmtree(workdir / "gateway0-data")
-                args = extra
-                if fleet:
-                    peers = ",".join(f"127.0.0.1:{p}" for p in ports)
-                    args = [*extra, "--node-id", "gateway0", "--peers", peers]
+                args = _gateway_args(extra, 0, ports, fleet)
                 started[0] = start_gateway(workdir, "gateway0", url, args, ports[0])
                 procs[0] = started[0][0]
                 if fleet:

@@ -53,29 +53,29 @@ def simulate(
         conn_bytes_per_s=float(throttles.get("request_bandwidth", 0)),
         link_bytes_per_s=float(throttles.get("bandwidth", 0)),
     )
+
+    def once(seed: int, known: list[dict[str, float]]) -> Result:
+        s3 = S3Model(
+            rate_per_s=float(throttles["prefix_rate"]),
+            depth=int(throttles["prefix_depth"]),
+            burst=float(throttles["prefix_burst"]),
+        )
+        return run(
+            s3,
+            gateways=gateways,
+            ranks=ranks,
+            shards=shards,
+            seed=seed,
+            net=net,
+            size_bytes=size_bytes,
+            write_back_s=0.0 if paused_ingest else WRITE_BACK_S,
+            ingest_s=0.0 if paused_ingest else ingest_s,
+            fleet_shares=fleet,
+            known_rates=known,
+        )
+
     results = []
     for seed in seeds:
-
-        def once(seed: int, known: list[dict[str, float]]) -> Result:
-            s3 = S3Model(
-                rate_per_s=float(throttles["prefix_rate"]),
-                depth=int(throttles["prefix_depth"]),
-                burst=float(throttles["prefix_burst"]),
-            )
-            return run(
-                s3,
-                gateways=gateways,
-                ranks=ranks,
-                shards=shards,
-                seed=seed,
-                net=net,
-                size_bytes=size_bytes,
-                write_back_s=0.0 if paused_ingest else WRITE_BACK_S,
-                ingest_s=0.0 if paused_ingest else ingest_s,
-                fleet_shares=fleet,
-                known_rates=known,
-            )
-
         result = once(seed, [])
         if warm_up:
             known = result.known_rates

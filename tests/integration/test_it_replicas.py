@@ -150,19 +150,27 @@ def test_an_ack_means_a_replica_is_durable_on_a_member(
     }
 
 
+def write_shards(
+    gateways: list[GatewayProcess], bucket: str, prefix: str, per_node: int
+) -> dict[str, bytes]:
+    """``per_node`` shards through each gateway (``<prefix><node>_<i>``): the last one
+    streamed (over the inline size), the rest inline. Key -> body."""
+    shards = {}
+    for gw in gateways:
+        for i in range(per_node):
+            key = f"{prefix}{gw.data_dir.name}_{i}"
+            shards[key] = payload(200_000 + i if i == per_node - 1 else 3000 + i, key)
+            gw.client().put_object(Bucket=bucket, Key=key, Body=shards[key])
+    return shards
+
+
 def test_the_writer_lost_with_its_disk_mid_burst_loses_nothing(
     trio: list[GatewayProcess], bucket: str
 ) -> None:
     a, b, c = trio
     upstream = upstream_client(b.upstream_url)
     b.pause_flush()
-    shards = {}
-    for gw in trio:
-        for i in range(4):
-            key = f"ckpt/9/{gw.data_dir.name}_{i}"
-            # One streamed body each (over the inline size), the rest inline.
-            shards[key] = payload(200_000 + i if i == 3 else 3000 + i, key)
-            gw.client().put_object(Bucket=bucket, Key=key, Body=shards[key])
+    shards = write_shards(trio, bucket, "ckpt/9/", 4)
     a.client().put_object(Bucket=bucket, Key="ckpt/9/.metadata", Body=b"meta")
     # The holder of b's streamed shard checked it by its CRC32C, with no MD5 pass.
     streamed = "ckpt/9/b_3"
@@ -193,12 +201,7 @@ def test_two_replicas_survive_two_writers_lost_with_their_disks_at_once(
         upstream = upstream_client(a.upstream_url)
         b.pause_flush()
         c.pause_flush()
-        shards = {}
-        for gw in trio:
-            for i in range(3):
-                key = f"ckpt/7/{gw.data_dir.name}_{i}"
-                shards[key] = payload(200_000 + i if i == 2 else 3000 + i, key)
-                gw.client().put_object(Bucket=bucket, Key=key, Body=shards[key])
+        shards = write_shards(trio, bucket, "ckpt/7/", 3)
         b.client().put_object(Bucket=bucket, Key="ckpt/7/.metadata", Body=b"meta")
         held = replicas_held(a)
         assert {k for o, k in held if o == "b"} >= {k for k in shards if "/b_" in k}
