@@ -691,7 +691,7 @@ def _log_recalled(rates: Mapping[str, float]) -> None:
     for bucket, rate in sorted(rates.items()):
         log.info(
             "bucket %s: the last run's rate, %.1f requests/s, is where its flush starts "
-            "from (reached within a second; a 503 cuts it as any overshoot)",
+            "from (reached in a few round trips; a 503 cuts it as any overshoot)",
             bucket,
             rate,
         )
