@@ -42,6 +42,7 @@ from gateway.core.checkpoints import CheckpointService
 from gateway.core.copy import CopyService
 from gateway.core.deletes import DeleteService
 from gateway.core.fill import FillConfig
+from gateway.core.freshness import FreshRows
 from gateway.core.listing import ListingService
 from gateway.core.multipart import MultipartService
 from gateway.core.objects import ObjectService
@@ -424,6 +425,7 @@ def _s3_services(
         listener=flusher.early if settings.early_multipart else None,
         fleet=fleet,
     )
+    fresh = FreshRows(journal, upstream, blobs, clock, fleet)
     object_service = ObjectService(
         journal,
         blobs,
@@ -442,6 +444,7 @@ def _s3_services(
         budget=None if flusher.gate.bandwidth.unlimited else flusher.gate.bandwidth,
         inline_max_bytes=settings.inline_threshold_bytes,
         fleet=fleet,
+        fresh=fresh,
     )
     stack.push_async_callback(object_service.fills.close)
     stack.push_async_callback(object_service.verifier.close)
@@ -462,9 +465,10 @@ def _s3_services(
             max_part_bytes=settings.max_object_bytes,
             space=space,
             fleet=fleet,
+            fresh=fresh,
         ),
         deletes=DeleteService(journal, blobs, buckets, clock, fleet),
-        attributes=ObjectAttributesService(journal, upstream, buckets),
+        attributes=ObjectAttributesService(journal, upstream, buckets, fresh),
         credentials=credentials,
         region=settings.upstream_region,
         domain=settings.domain,

@@ -197,6 +197,12 @@ READTHROUGH_CACHED = Counter(
     "Upstream objects kept in the local cache after a full read-through GET",
     registry=REGISTRY,
 )
+STALE_COPIES_DROPPED = Counter(
+    "gateway_stale_copies_dropped",
+    "Durable copies dropped because the bucket had another version, written through "
+    "another node of the fleet (reads then go to the bucket)",
+    registry=REGISTRY,
+)
 CORRUPT_BLOBS = Counter(
     "gateway_corrupt_blobs",
     "Local bodies found not to match their recorded digest (GET, flush or verify)",

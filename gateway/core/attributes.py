@@ -13,6 +13,7 @@ doesn't return the Part element"); the parts count is always given for a multipa
 from __future__ import annotations
 
 from gateway.core.buckets import BucketService
+from gateway.core.freshness import FreshRows
 from gateway.core.ingest import validate_key
 from gateway.errors import NoSuchKey
 from gateway.models import LocalObject, ObjectAttributes, PartAttributes
@@ -24,8 +25,15 @@ class ObjectAttributesService:
     """Contract: MUST answer from the local row when there is one (read-after-write), and
     MUST NOT answer for a key whose newest local version is a delete."""
 
-    def __init__(self, journal: Journal, upstream: Upstream, buckets: BucketService) -> None:
-        self._journal = journal
+    def __init__(
+        self,
+        journal: Journal,
+        upstream: Upstream,
+        buckets: BucketService,
+        fresh: FreshRows | None = None,
+    ) -> None:
+        """``fresh``: in a fleet, the rows reads see (copies of flushed versions checked)."""
+        self._rows: Journal | FreshRows = fresh or journal
         self._upstream = upstream
         self._buckets = buckets
 
@@ -34,7 +42,7 @@ class ObjectAttributesService:
     ) -> ObjectAttributes:
         validate_key(key)
         await self._buckets.require(bucket)
-        local = await self._journal.get(bucket, key)
+        local = await self._rows.get(bucket, key)
         if local is None:
             return await self._upstream.get_object_attributes(
                 bucket, key, max_parts=max_parts, part_number_marker=part_number_marker

@@ -30,6 +30,7 @@ from gateway.core.bodies import bytes_only
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
+from gateway.core.freshness import FreshRows
 from gateway.core.ingest import validate_key
 from gateway.core.multipart import MAX_PART_NUMBER, MultipartService
 from gateway.core.writes import fleet_writing, replicate_local
@@ -118,9 +119,12 @@ class CopyService:
         max_part_bytes: int,
         space: CacheSpace | None = None,
         fleet: FleetView | None = None,
+        fresh: FreshRows | None = None,
     ) -> None:
         self._space = space
         self._fleet = fleet
+        # A copy's source as reads see it (in a fleet, a flushed copy checked: freshness.py).
+        self._fresh = fresh or FreshRows(journal, upstream, blobs, clock, fleet)
         self._journal = journal
         self._uploads = uploads
         self._blobs = blobs
@@ -157,7 +161,7 @@ class CopyService:
         if is_self and req.replace is None and not req.is_changing_attributes:
             raise InvalidRequest(SELF_COPY_MESSAGE)
         for _ in range(_ATTEMPTS):
-            local = await self._journal.get(req.source_bucket, req.source_key)
+            local = await self._fresh.get(req.source_bucket, req.source_key)
             from_peer = await self._copy_from_peer(req, local)
             if from_peer is not None:
                 return from_peer
@@ -280,7 +284,7 @@ class CopyService:
         algorithms = {"md5", *extra}
         blob: WrittenBlob | None = None
         for _ in range(_ATTEMPTS):
-            local = await self._journal.get(req.source_bucket, req.source_key)
+            local = await self._fresh.get(req.source_bucket, req.source_key)
             if local is None:
                 blob = await self._part_from_upstream(req, algorithms)
                 break

@@ -5,7 +5,9 @@ tombstone). Where a name is on both sides the local item wins: a newer local ver
 replaces the upstream figures, a local tombstone hides the upstream key. An upstream common
 prefix whose every key is locally deleted is hidden too. Local keys under a common prefix are
 rolled up and skipped with one seek, so listing a checkpoint directory of thousands of shards
-costs one row per prefix, not one per shard.
+costs one row per prefix, not one per shard. In a fleet only this node's unflushed rows
+(and its peers') are merged: its durable rows are copies, and the bucket lists what they
+stand for, or what another node has put there since.
 """
 
 from __future__ import annotations
@@ -60,14 +62,26 @@ def successor(prefix: str) -> str:
 
 
 async def _local(
-    journal: Journal, bucket: str, prefix: str, delimiter: str, after: str
+    journal: Journal,
+    bucket: str,
+    prefix: str,
+    delimiter: str,
+    after: str,
+    *,
+    copies: bool = True,
 ) -> AsyncGenerator[_Item, None]:
+    """This node's rows as items; without ``copies``, its durable rows are left to the
+    bucket's listing (in a fleet, another node may have written or deleted the key since:
+    core/freshness.py)."""
     cursor, inclusive = after, False
     while True:
         rows = await journal.scan(bucket, prefix, cursor, _BATCH, inclusive=inclusive)
         seeked, inclusive = False, False
         for row in rows:
             name = row.meta.key
+            if not copies and row.state is FlushState.DURABLE:
+                cursor = name
+                continue
             rolled = common_prefix(name, prefix, delimiter)
             if rolled is not None:
                 cursor = name
@@ -204,7 +218,7 @@ async def list_objects(
     local ones)."""
     if max_keys <= 0:
         return ListPage((), False, None)  # S3: an empty, complete page
-    local = _local(journal, bucket, prefix, delimiter, after)
+    local = _local(journal, bucket, prefix, delimiter, after, copies=fleet is None)
     nodes = fleet.prefix_candidates(bucket, prefix) if fleet is not None else ()
     if fleet is not None and nodes:
         peer_rows = _peers(fleet, nodes, bucket, prefix, delimiter, after)

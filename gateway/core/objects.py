@@ -27,6 +27,7 @@ from gateway.core.cache import admitted
 from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.fill import BandwidthBudget, FillConfig
 from gateway.core.fills import FillManager
+from gateway.core.freshness import FreshRows
 from gateway.core.heads import ObjectBody, ObjectHead, ReadOptions
 from gateway.core.ingest import ingest, validate_key
 from gateway.core.integrity import MEMO_ENTRIES, BlobVerifier, blob_checks
@@ -73,9 +74,12 @@ class ObjectService:
         budget: BandwidthBudget | None = None,
         inline_max_bytes: int = 64 << 10,
         fleet: FleetView | None = None,
+        fresh: FreshRows | None = None,
     ) -> None:
         self._journal = journal
         self._fleet = fleet  # None: a gateway alone (no peers), nothing of the fleet runs
+        # Rows for reads: in a fleet, copies of flushed versions checked (freshness.py).
+        self._fresh = fresh or FreshRows(journal, upstream, blobs, clock, fleet)
         self._blobs = blobs
         self._upstream = upstream
         self._buckets = buckets
@@ -181,7 +185,7 @@ class ObjectService:
         """
         if cond.is_empty:
             return None
-        local = await self._journal.get(bucket, key)
+        local = await self._fresh.get(bucket, key)
         peer = await self._peer_version(bucket, key, local)
         if peer is not None:
             seen = None if peer.is_delete else peer.meta.etag
@@ -214,7 +218,7 @@ class ObjectService:
     async def head_object(self, bucket: str, key: str, read: ReadOptions = _WHOLE) -> ObjectHead:
         validate_key(key)
         await self._buckets.require(bucket)
-        local = await self._journal.get(bucket, key)
+        local = await self._fresh.get(bucket, key)
         peer = await self._from_peer(bucket, key, read, local, "HEAD")
         if peer is not None:
             await peer.source.aclose()
@@ -237,7 +241,7 @@ class ObjectService:
         validate_key(key)
         await self._buckets.require(bucket)
         for _ in range(3):
-            local = await self._journal.get(bucket, key)
+            local = await self._fresh.get(bucket, key)
             body = await self._from_peer(bucket, key, read, local, "GET")
             if body is None and local is None:
                 body = await self._upstream_get(bucket, key, read)

@@ -37,6 +37,7 @@ from gateway.fleet.client import (
     HELD_HEADER,
     PART_HEADER,
     REPLICA_HEADER,
+    encode_error,
     encode_head,
 )
 from gateway.fleet.ordering import held_answer
@@ -247,10 +248,13 @@ async def read_object(request: web.Request) -> web.StreamResponse:
         else:
             found = await side.objects.peer_read(bucket, key, read, with_body=with_body)
     except S3Error as exc:
+        # In a header too: the answer to a HEAD carries no body (a delete read by HEAD was
+        # taken for a peer that did not answer, and the older version served).
+        error = encode_error(exc.code, exc.message, exc.fields)
         return web.json_response(
             {"code": exc.code, "message": exc.message, "fields": dict(exc.fields)},
             status=exc.status,
-            headers={ERROR_HEADER: "1"},
+            headers={ERROR_HEADER: error},
         )
     if found is None:
         return web.Response(status=404, headers={HELD_HEADER: "none"})

@@ -46,7 +46,9 @@ from gateway.models import ObjectMeta
 
 HEAD_HEADER = "x-gateway-peer-head"  # base64url JSON of the version a read answers with
 HELD_HEADER = "x-gateway-peer-held"  # "none": the peer holds no unflushed version
-ERROR_HEADER = "x-gateway-peer-error"  # the answer is an S3 error of the peer's version
+# The answer is an S3 error of the peer's version: base64url JSON of it (a HEAD's answer
+# has no body; "1" from a gateway before this: the JSON is in the body).
+ERROR_HEADER = "x-gateway-peer-error"
 # A body from a peer is passed on as it arrives (``iter_any``: no re-chunking copy), with
 # up to this much buffered (aiohttp's default, 64 KiB, paused the socket far more often).
 READ_CHUNK_BYTES = 4 << 20
@@ -79,6 +81,11 @@ def encode_head(head: PeerHead, extra: Mapping[str, Any]) -> str:
         },
         **extra,
     }
+    return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+
+
+def encode_error(code: str, message: str, fields: Mapping[str, str]) -> str:
+    doc = {"code": code, "message": message, "fields": dict(fields)}
     return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
 
 
@@ -337,9 +344,11 @@ async def _read_answer(
     if resp.headers.get(HELD_HEADER) == "none":
         resp.release()
         return None
-    if resp.headers.get(ERROR_HEADER):
+    error = resp.headers.get(ERROR_HEADER)
+    if error:
         try:
-            doc = json.loads(await resp.read())
+            raw = await resp.read() if error == "1" else base64.urlsafe_b64decode(error.encode())
+            doc = json.loads(raw)
             raise PeerError(resp.status, str(doc["code"]), str(doc["message"]), doc["fields"])
         except (ValueError, KeyError, TypeError, aiohttp.ClientError) as exc:
             raise PeerUnavailable(f"read: bad error answer: {exc}") from None

@@ -31,6 +31,9 @@ TRUST_MARGIN_S = 0.1
 WITHDRAW_AFTER_S = 2.0
 
 HolderKey = tuple[str, tuple[str, float]]  # (node id, incarnation)
+# Directories whose last change a peer's copy remembers (``RemoteDirectory.stale_since``);
+# past it the older half is forgotten and counts as a change of every directory then.
+MAX_CHANGES = 4096
 
 
 def parent_dir(key: str) -> str:
@@ -269,6 +272,11 @@ class RemoteDirectory:
         self.version = 0  # the version this copy is complete up to
         self.dirs: dict[Dir, int] = {}  # directory -> version it was announced at
         self.trusted_until_s = float("-inf")
+        # When a write of the peer may have gone unseen here (``stale_since``): the
+        # lease gained after a time without (this node's start too), or a snapshot ...
+        self.gap_s = float("-inf")
+        # ... or, per directory, its last announcement or withdrawal.
+        self.changed_s: dict[Dir, float] = {}
 
     def request(
         self, me: NodeInfo, port: int, shares: tuple[tuple[str, float], ...] = ()
@@ -279,6 +287,8 @@ class RemoteDirectory:
         """A lease granted to a request sent at ``sent_s`` (this node's monotonic clock)."""
         if grant.node.incarnation != self.incarnation:
             self._reset(grant.node.incarnation)
+        if grant.snapshot is not None or not self.is_trusted(sent_s):
+            self.gap_s = max(self.gap_s, sent_s)
         if grant.snapshot is not None:
             listed = set(grant.snapshot)
             for ident in [d for d, v in self.dirs.items() if v <= grant.version]:
@@ -289,12 +299,14 @@ class RemoteDirectory:
             self.version = max(self.version, grant.version)
         self.trusted_until_s = sent_s + grant.lease_s - TRUST_MARGIN_S
 
-    def apply_change(self, change: DirChange) -> None:
+    def apply_change(self, change: DirChange, now_s: float) -> None:
         """An announcement is always applied; a withdrawal only over an older announcement;
-        a change of another incarnation voids the copy (it is then untrusted)."""
+        a change of another incarnation voids the copy (it is then untrusted). ``now_s``:
+        when it came (this node's monotonic clock)."""
         if change.incarnation != self.incarnation:
             self._reset(change.incarnation)
         ident = (change.bucket, change.prefix)
+        self._note_change(ident, now_s)
         if change.added:
             self.dirs[ident] = max(self.dirs.get(ident, 0), change.version)
         elif self.dirs.get(ident, change.version) < change.version:
@@ -310,6 +322,20 @@ class RemoteDirectory:
 
     def is_trusted(self, now_s: float) -> bool:
         return now_s < self.trusted_until_s
+
+    def stale_since(self, ident: Dir) -> float:
+        """The last moment a version the peer holds under ``ident`` may have changed
+        unseen by this node: a copy of a key there that this node checked against the
+        bucket before it may be out of date (``core/freshness.py``)."""
+        return max(self.gap_s, self.changed_s.get(ident, float("-inf")))
+
+    def _note_change(self, ident: Dir, now_s: float) -> None:
+        changed = self.changed_s
+        changed.pop(ident, None)
+        changed[ident] = now_s  # (insertion order: oldest first)
+        if len(changed) > MAX_CHANGES:
+            for old in list(changed)[: MAX_CHANGES // 2]:
+                self.gap_s = max(self.gap_s, changed.pop(old))
 
     def lists_key(self, bucket: str, key: str) -> bool:
         return (bucket, parent_dir(key)) in self.dirs

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from gateway import metrics
 from gateway.clock import Clock
 from gateway.fleet.client import REPLICA_HEADER
-from gateway.fleet.directory import LocalDirectory, WriteIntent
+from gateway.fleet.directory import LocalDirectory, WriteIntent, parent_dir
 from gateway.fleet.fence import FleetFence, Hold, NodeDrain
 from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
 from gateway.fleet.ordering import UploadOrder
@@ -172,7 +172,7 @@ class Fleet:
     def on_change(self, change: DirChange) -> None:
         member = self.membership.get(change.node_id)
         if member is not None:
-            member.remote.apply_change(change)
+            member.remote.apply_change(change, self._clock.monotonic())
 
     def on_bye(self, node: NodeInfo) -> None:
         self.membership.leave(node.node_id)
@@ -208,6 +208,11 @@ class Fleet:
             for m in self.membership.active()
             if self._may_hold(m, lambda m: m.remote.lists_key(bucket, key), now_s)
         ]
+
+    def copies_stale_since(self, bucket: str, key: str) -> float:
+        ident = (bucket, parent_dir(key))
+        members = self.membership.members.values()
+        return max((m.remote.stale_since(ident) for m in members), default=float("-inf"))
 
     def prefix_candidates(self, bucket: str, prefix: str) -> Sequence[str]:
         now_s = self._clock.monotonic()

@@ -107,6 +107,12 @@ class FleetView(Protocol):
         """Peers that may hold an unflushed version of ``key`` (cheap: no network)."""
         ...
 
+    def copies_stale_since(self, bucket: str, key: str) -> float:
+        """The last moment (monotonic) another node may have written ``key`` without this
+        node knowing: a durable copy checked against the bucket before it may be stale
+        (cheap: no network; ``core/freshness.py``)."""
+        ...
+
     def prefix_candidates(self, bucket: str, prefix: str) -> Sequence[str]:
         """Peers that may hold unflushed versions under ``prefix``."""
         ...

@@ -233,6 +233,21 @@ class Journal(JournalEngine):
 
         return await self.run_write_versions(1, op)
 
+    async def drop_copy(self, obj: LocalObject) -> list[str] | None:
+        """Drop ``obj``'s row if it is still that durable version (a copy of the bucket's
+        object found out of date: ``core/freshness.py``); its blob ids are returned for the
+        caller to unlink after this returns. None if the row changed meanwhile."""
+
+        def op(conn: sqlite3.Connection) -> list[str] | None:
+            found = _version_row(conn, obj)
+            if found is None or found[1].state is not FlushState.DURABLE:
+                return None
+            blob_ids, image = found
+            self.delete_row(conn, image, is_flush=False)
+            return blob_ids
+
+        return await self._write(op)
+
     async def mark_corrupt(self, obj: LocalObject, error: str) -> list[str] | None:
         """A local body no longer matches its digest. A ``durable`` row is dropped (the
         upstream holds the good bytes; reads go there) and its blob ids are returned for
@@ -240,22 +255,17 @@ class Journal(JournalEngine):
         ``error`` (never flushed as good; returns []). None if the row changed meanwhile."""
 
         def op(conn: sqlite3.Connection) -> list[str] | None:
-            ident = (obj.meta.bucket, obj.meta.key, obj.seq)
-            row = conn.execute(
-                f"SELECT blob_id, parts, {IMAGE_COLUMNS} FROM objects "
-                "WHERE bucket = ? AND key = ? AND seq = ?",
-                ident,
-            ).fetchone()
-            if row is None:
+            found = _version_row(conn, obj)
+            if found is None:
                 return None
-            image = image_from(row[2:])
+            blob_ids, image = found
             if image.state is FlushState.DURABLE:
                 self.delete_row(conn, image, is_flush=False)
-                return blob_ids_of(row[0], row[1])
+                return blob_ids
             conn.execute(
                 "UPDATE objects SET state = 'failed', last_error = ? "
                 "WHERE bucket = ? AND key = ? AND seq = ?",
-                (storable(error), *ident),
+                (storable(error), obj.meta.bucket, obj.meta.key, obj.seq),
             )
             self.record(RowChange(image, image.with_state(FlushState.FAILED)))
             return []
@@ -370,3 +380,13 @@ class Journal(JournalEngine):
             return row is not None
 
         return await self.run_admin_read(op)
+
+
+def _version_row(conn: sqlite3.Connection, obj: LocalObject) -> tuple[list[str], RowImage] | None:
+    """The blob ids and image of ``obj``'s version if its row is still there."""
+    row = conn.execute(
+        f"SELECT blob_id, parts, {IMAGE_COLUMNS} FROM objects "
+        "WHERE bucket = ? AND key = ? AND seq = ?",
+        (obj.meta.bucket, obj.meta.key, obj.seq),
+    ).fetchone()
+    return None if row is None else (blob_ids_of(row[0], row[1]), image_from(row[2:]))

@@ -9,6 +9,7 @@ from virtual_time import LoopClock, run
 
 from gateway.clock import FakeClock
 from gateway.fleet.directory import (
+    MAX_CHANGES,
     TRUST_MARGIN_S,
     WITHDRAW_AFTER_S,
     LocalDirectory,
@@ -35,13 +36,40 @@ def test_parent_dir() -> None:
 def test_an_announcement_is_never_hidden_by_an_older_withdrawal_or_snapshot() -> None:
     copy = RemoteDirectory("b")
     copy.apply_grant(LeaseGrant(B, 3.0, 2, (("bkt", "x/"),)), sent_s=0.0)
-    copy.apply_change(change(5, "ckpt/1/", True))  # announced at 5 ...
-    copy.apply_change(change(4, "ckpt/1/", False))  # ... an older withdrawal arrives late
+    copy.apply_change(change(5, "ckpt/1/", True), 0.0)  # announced at 5 ...
+    copy.apply_change(change(4, "ckpt/1/", False), 0.0)  # ... an older withdrawal arrives late
     assert copy.lists_key("bkt", "ckpt/1/a")
     copy.apply_grant(LeaseGrant(B, 3.0, 3, ()), sent_s=1.0)  # a snapshot from before 5
     assert copy.lists_key("bkt", "ckpt/1/a") and not copy.lists_key("bkt", "x/k")
-    copy.apply_change(change(6, "ckpt/1/", False))  # a newer withdrawal does remove it
+    copy.apply_change(change(6, "ckpt/1/", False), 0.0)  # a newer withdrawal does remove it
     assert not copy.lists_key("bkt", "ckpt/1/a")
+
+
+def test_copies_may_be_stale_since_a_lease_gained_after_a_gap_or_a_change_of_their_dir() -> None:
+    """What a read here must check its flushed copies against (core/freshness.py): b's
+    writes while no lease from b was held went unannounced here, and a directory's
+    announcement or withdrawal means b wrote under it."""
+    copy = RemoteDirectory("b")
+    assert copy.stale_since(("bkt", "x/")) == float("-inf")
+    copy.apply_grant(LeaseGrant(B, 3.0, 0, ()), sent_s=10.0)  # the first lease: a gap
+    assert copy.stale_since(("bkt", "x/")) == 10.0
+    copy.apply_grant(LeaseGrant(B, 3.0, 0, None), sent_s=11.0)  # renewed in time
+    assert copy.stale_since(("bkt", "x/")) == 10.0
+    copy.apply_change(change(1, "x/", True), 11.5)
+    copy.apply_change(change(2, "x/", False), 12.0)
+    assert copy.stale_since(("bkt", "x/")) == 12.0
+    assert copy.stale_since(("bkt", "y/")) == 10.0
+    copy.apply_grant(LeaseGrant(B, 3.0, 2, None), sent_s=20.0)  # after the lease ran out
+    assert copy.stale_since(("bkt", "y/")) == 20.0
+
+
+def test_a_copy_forgets_old_changes_as_a_change_of_every_directory() -> None:
+    copy = RemoteDirectory("b")
+    for i in range(MAX_CHANGES + 1):
+        copy.apply_change(change(i + 1, f"d{i}/", True), float(i))
+    assert len(copy.changed_s) <= MAX_CHANGES
+    assert copy.stale_since(("bkt", "never/")) == float(MAX_CHANGES // 2 - 1)
+    assert copy.stale_since(("bkt", f"d{MAX_CHANGES}/")) == float(MAX_CHANGES)
 
 
 def test_a_copy_is_trusted_until_its_lease_ends_by_the_holders_clock() -> None:
@@ -56,7 +84,7 @@ def test_a_copy_is_trusted_until_its_lease_ends_by_the_holders_clock() -> None:
 def test_a_new_incarnation_voids_the_copy() -> None:
     copy = RemoteDirectory("b")
     copy.apply_grant(LeaseGrant(B, 3.0, 1, (("bkt", "a/"),)), sent_s=0.0)
-    copy.apply_change(change(1, "b/", True, inc=("disk-b", 99.0)))  # b restarted
+    copy.apply_change(change(1, "b/", True, inc=("disk-b", 99.0)), 0.0)  # b restarted
     assert not copy.is_trusted(0.5) and not copy.lists_key("bkt", "a/k")
     assert copy.lists_key("bkt", "b/k")
 
