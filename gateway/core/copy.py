@@ -208,15 +208,16 @@ class CopyService:
         if self._fleet is None:
             return None
         nodes = self._fleet.candidates(req.source_bucket, req.source_key)
-        if not nodes:
-            return None
-        node = await peers.newest_source(
+        source = await peers.newest_source(
             self._fleet, nodes, req.source_bucket, req.source_key, local
         )
-        if node is None:
+        if source is None:
             return None
+        node, replica = source
         try:
-            found = await self._fleet.read(node, req.source_bucket, req.source_key, "GET", {})
+            found = await self._fleet.read(
+                node, req.source_bucket, req.source_key, "GET", {}, replica=replica
+            )
         except PeerError as exc:
             peers.raise_peer_error(exc)  # a delete there: NoSuchKey
         if found is None:

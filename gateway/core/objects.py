@@ -291,23 +291,24 @@ class ObjectService:
             return None
         headers = peers.forward_headers(read)
         nodes = self._fleet.candidates(bucket, key)
-        if not nodes:
+        if not nodes and not peers.is_unflushed(local):
             # A writer that cannot answer may hold it: its replicas can (--replicas).
-            if peers.is_unflushed(local):
-                return None
             return await self._from_replicas(bucket, key, method, headers)
-        node = await peers.newest_source(self._fleet, nodes, bucket, key, local)
-        if node is None:
+        source = await peers.newest_source(self._fleet, nodes, bucket, key, local)
+        if source is None:
             return None
+        node, replica = source
         try:
-            found = await self._fleet.read(node, bucket, key, method, headers, zero_copy=True)
+            found = await self._fleet.read(
+                node, bucket, key, method, headers, replica=replica, zero_copy=True
+            )
         except PeerError as exc:
             peers.raise_peer_error(exc)
         if found is None:
             # Not held there, or it did not answer: its replicas may (--replicas).
             return (
                 None
-                if peers.is_unflushed(local)
+                if peers.is_unflushed(local) or replica
                 else await self._from_replicas(bucket, key, method, headers)
             )
         metrics.PEER_READS.inc()

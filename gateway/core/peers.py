@@ -17,7 +17,7 @@ from gateway.core.bodies import ChunkSource, NoBody
 from gateway.core.heads import ObjectBody, ObjectHead, ReadOptions
 from gateway.core.ranges import ByteRange
 from gateway.errors import S3Error, upstream_error
-from gateway.fleet.view import FleetView, PeerError, PeerRead
+from gateway.fleet.view import FleetView, PeerError, PeerHead, PeerRead
 from gateway.models import FlushState, LocalObject
 
 PART_HEADER = "x-gateway-part-number"
@@ -29,21 +29,31 @@ def is_unflushed(row: LocalObject | None) -> bool:
 
 async def newest_source(
     fleet: FleetView, nodes: Sequence[str], bucket: str, key: str, local: LocalObject | None
-) -> str | None:
-    """The peer to read ``key`` from, or None when this node's row or the bucket wins.
+) -> tuple[str, bool] | None:
+    """The peer to read ``key`` from, and whether what it holds there is a replica (of a
+    writer that cannot answer); None when this node's row or the bucket wins.
 
     With one candidate and nothing unflushed here, the candidate is read at once (one round
     trip: it answers "not held" if it has nothing); otherwise the candidates' versions are
-    asked first and compared."""
+    asked first and compared. A candidate that does not answer, or a writer no longer one
+    (lost: its lease ran out), may hold a newer version than this node's: with replicas,
+    their holders are asked too (only while a member is unreachable). Without that, a node
+    holding an older unflushed version served it until the lost writer's was taken over
+    (found by loadtest/fleet_soak.py)."""
     if len(nodes) == 1 and not is_unflushed(local):
-        return nodes[0]
-    heads = await fleet.heads(nodes, bucket, key)
-    if not heads:
+        return nodes[0], False
+    heads = await fleet.heads(nodes, bucket, key) if nodes else []
+    replicas: list[PeerHead] = []
+    if len(heads) < len(nodes) or not nodes:
+        holders = fleet.replica_candidates(bucket, key)
+        if holders:
+            replicas = await fleet.heads(holders, bucket, key, replica=True)
+    if not heads and not replicas:
         return None
-    best = max(heads, key=lambda h: (h.acked_s, h.node_id))
+    best = max([*heads, *replicas], key=lambda h: (h.acked_s, h.node_id))
     if local is not None and is_unflushed(local) and local.acked_s >= best.acked_s:
         return None
-    return best.node_id
+    return best.node_id, any(best is h for h in replicas)
 
 
 def forward_headers(read: ReadOptions) -> dict[str, str]:

@@ -145,7 +145,10 @@ def _strings(doc: Any, *names: str) -> list[str]:
 
 async def _version(side: PeerSide, doc: Any, request: web.Request) -> Any:
     bucket, key = _strings(doc, "bucket", "key")
-    row = await side.objects.unflushed_row(bucket, key)
+    if doc.get("replica") is True:  # what a writer that cannot answer holds, from here
+        row = await api_replicas.newest_replica(side, bucket, key)
+    else:
+        row = await side.objects.unflushed_row(bucket, key)
     if row is None:
         return {"head": None}
     return {"head": encode_head(_peer_head(side, row), {})}

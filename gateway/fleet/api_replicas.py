@@ -224,6 +224,13 @@ async def replica_read(
     return None
 
 
+async def newest_replica(side: PeerSide, bucket: str, key: str) -> LocalObject | None:
+    """The newest replica of ``key`` held here, as its writer's row (None: none held)."""
+    held = side.held
+    replicas = [] if held is None else await held.store.for_key(bucket, key)
+    return as_row(replicas[0]) if replicas else None
+
+
 def as_row(replica: Replica) -> LocalObject:
     """A replica as a journal row of its writer's version (for the read path)."""
     parts = tuple(

@@ -184,9 +184,12 @@ class PeerClient:
         return _decoded(lambda raw: supersede_answers(raw, len(request.versions)), answer)
 
     async def version(
-        self, address: str, bucket: str, key: str, timeout_s: float
+        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
     ) -> PeerHead | None:
-        answer = await self._call(address, "version", {"bucket": bucket, "key": key}, timeout_s)
+        doc: dict[str, Any] = {"bucket": bucket, "key": key}
+        if replica:
+            doc["replica"] = True
+        answer = await self._call(address, "version", doc, timeout_s)
         if not isinstance(answer, dict) or answer.get("head") is None:
             return None
         try:

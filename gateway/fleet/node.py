@@ -222,17 +222,21 @@ class Fleet:
             if self._may_hold(m, lambda m: m.remote.lists_prefix(bucket, prefix), now_s)
         ]
 
-    async def heads(self, nodes: Sequence[str], bucket: str, key: str) -> list[PeerHead]:
-        found = await asyncio.gather(*(self._version(n, bucket, key) for n in nodes))
+    async def heads(
+        self, nodes: Sequence[str], bucket: str, key: str, *, replica: bool = False
+    ) -> list[PeerHead]:
+        found = await asyncio.gather(*(self._version(n, bucket, key, replica) for n in nodes))
         return [h for h in found if h is not None]
 
-    async def _version(self, node: str, bucket: str, key: str) -> PeerHead | None:
-        member = self.membership.get(node)
-        if member is None:
+    async def _version(
+        self, node: str, bucket: str, key: str, replica: bool = False
+    ) -> PeerHead | None:
+        address = self._address(node, replica)
+        if address is None:
             return None
         try:
             return await self._transport.version(
-                member.address, bucket, key, self.config.read_timeout_s
+                address, bucket, key, self.config.read_timeout_s, replica=replica
             )
         except PeerUnavailable as exc:
             self._fell_back(node, f"{bucket}/{key}", exc)
@@ -263,10 +267,7 @@ class Fleet:
         replica: bool = False,
         zero_copy: bool = False,
     ) -> PeerRead | None:
-        member = self.membership.get(node)
-        address = member.address if member is not None else None
-        if node == self.me.node_id and replica:
-            address = self.config.self_address  # a replica held here: read like a peer's
+        address = self._address(node, replica)
         if address is None:
             return None
         if replica:
@@ -284,6 +285,12 @@ class Fleet:
         except PeerUnavailable as exc:
             self._fell_back(node, f"{bucket}/{key}", exc)
             return None
+
+    def _address(self, node: str, replica: bool) -> str | None:
+        if node == self.me.node_id and replica:
+            return self.config.self_address  # a replica held here: asked like a peer's
+        member = self.membership.get(node)
+        return member.address if member is not None else None
 
     async def rows(
         self, nodes: Sequence[str], bucket: str, prefix: str, after: str, limit: int

@@ -110,9 +110,10 @@ class PeerTransport(Protocol):
         ...
 
     async def version(
-        self, address: str, bucket: str, key: str, timeout_s: float
+        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
     ) -> PeerHead | None:
-        """The peer's unflushed version (or delete) of ``key``; None if it holds none."""
+        """The peer's unflushed version (or delete) of ``key``; None if it holds none
+        (``replica``: the newest replica of it the peer holds for another node)."""
         ...
 
     async def read(

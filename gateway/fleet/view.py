@@ -117,9 +117,12 @@ class FleetView(Protocol):
         """Peers that may hold unflushed versions under ``prefix``."""
         ...
 
-    async def heads(self, nodes: Sequence[str], bucket: str, key: str) -> list[PeerHead]:
+    async def heads(
+        self, nodes: Sequence[str], bucket: str, key: str, *, replica: bool = False
+    ) -> list[PeerHead]:
         """The unflushed versions ``nodes`` hold of ``key``, asked in parallel; a node that
-        does not answer in time is left out (counted and logged as a fallback)."""
+        does not answer in time is left out (counted and logged as a fallback).
+        ``replica``: the newest replica of it each holds for another node."""
         ...
 
     async def read(

@@ -279,6 +279,37 @@ def test_reads_of_a_lost_writers_objects_come_from_its_replicas(
     assert read_body(whole) == data and whole["ETag"] == quoted_md5(data)
 
 
+def test_a_lost_writers_newer_version_is_read_over_an_older_one_held_here(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    """a holds an older unflushed version of the key, b a newer one, and b is lost. Reads
+    and copies through a and c get b's version from its replica, from the kill on (before
+    the takeover): a served its own older version (found by loadtest/fleet_soak.py)."""
+    a, b, c = trio
+    a.pause_flush()
+    b.pause_flush()
+    old, new = payload(3000, "older"), payload(5000, "newer")
+    a.client().put_object(Bucket=bucket, Key="nv/k", Body=old)
+    b.client().put_object(Bucket=bucket, Key="nv/k", Body=new)
+    b.kill()
+    for gw in (a, c, a):
+        assert gw.client().head_object(Bucket=bucket, Key="nv/k")["ETag"] == quoted_md5(new)
+        assert read_body(gw.client().get_object(Bucket=bucket, Key="nv/k")) == new
+    copied = a.client().copy_object(
+        Bucket=bucket, Key="nv/copy", CopySource={"Bucket": bucket, "Key": "nv/k"}
+    )
+    assert copied["CopyObjectResult"]["ETag"] == quoted_md5(new)
+    a.resume_flush()  # its older version may go up first: b's is taken over after it
+
+    def newest_there() -> bool:
+        there = data_objects(upstream_client(a.upstream_url), bucket, "nv/")
+        return there.get("nv/k", {}).get("ETag") == quoted_md5(new)
+
+    until(newest_there, 60)
+    until(lambda: a.status()["pending_objects"] == 0 == c.status()["pending_objects"], 30)
+    assert newest_there()  # and nothing older went up after it
+
+
 def test_strict_refuses_what_cannot_be_replicated_and_degrade_acknowledges_it(
     moto_server: str, tmp_path: Path, bucket: str
 ) -> None:

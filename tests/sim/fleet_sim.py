@@ -140,8 +140,10 @@ class SimTransport:
         await self._net.call(self._me, address, lambda n: n.api_bye(node), timeout_s)
 
     async def version(
-        self, address: str, bucket: str, key: str, timeout_s: float
+        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
     ) -> PeerHead | None:
+        if replica:
+            return None  # (reads from replicas are not simulated)
         return await self._net.call(self._me, address, lambda n: n.api_version(key), timeout_s)
 
     async def read(
@@ -354,8 +356,9 @@ class SimNode:
         if nodes:
             source = await newest_source(self.fleet, nodes, BUCKET, key, local and local.as_local())
             if source is not None:
+                node, replica = source
                 try:
-                    found = await self.fleet.read(source, BUCKET, key, "HEAD", {})
+                    found = await self.fleet.read(node, BUCKET, key, "HEAD", {}, replica=replica)
                 except PeerError:
                     return None  # a delete
                 if found is not None:
