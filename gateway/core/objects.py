@@ -338,12 +338,10 @@ class ObjectService:
         if self._fleet is None:
             return None
         nodes = self._fleet.candidates(bucket, key)
-        if not nodes:
+        found = await peers.newest_version(self._fleet, nodes, bucket, key)
+        if found is None:
             return None
-        heads = await self._fleet.heads(nodes, bucket, key)
-        if not heads:
-            return None
-        best = max(heads, key=lambda h: (h.acked_s, h.node_id))
+        best = found[0]
         if peers.is_unflushed(local) and local is not None and local.acked_s >= best.acked_s:
             return None
         return best

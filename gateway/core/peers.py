@@ -34,14 +34,28 @@ async def newest_source(
     writer that cannot answer); None when this node's row or the bucket wins.
 
     With one candidate and nothing unflushed here, the candidate is read at once (one round
-    trip: it answers "not held" if it has nothing); otherwise the candidates' versions are
-    asked first and compared. A candidate that does not answer, or a writer no longer one
-    (lost: its lease ran out), may hold a newer version than this node's: with replicas,
-    their holders are asked too (only while a member is unreachable). Without that, a node
-    holding an older unflushed version served it until the lost writer's was taken over
-    (found by loadtest/fleet_soak.py)."""
+    trip: it answers "not held" if it has nothing); otherwise the versions are asked first
+    and compared (``newest_version``)."""
     if len(nodes) == 1 and not is_unflushed(local):
         return nodes[0], False
+    found = await newest_version(fleet, nodes, bucket, key)
+    if found is None:
+        return None
+    best, replica = found
+    if local is not None and is_unflushed(local) and local.acked_s >= best.acked_s:
+        return None
+    return best.node_id, replica
+
+
+async def newest_version(
+    fleet: FleetView, nodes: Sequence[str], bucket: str, key: str
+) -> tuple[PeerHead, bool] | None:
+    """The newest unflushed version (or delete) of ``key`` the candidates ``nodes`` hold,
+    and whether it is a replica. A candidate that does not answer, or a writer no longer one
+    (lost: its lease ran out), may hold a newer version than any that answer: with
+    replicas, their holders are asked too (only while a member is unreachable). Without
+    that, a node holding an older unflushed version served it until the lost writer's was
+    taken over (found by loadtest/fleet_soak.py)."""
     heads = await fleet.heads(nodes, bucket, key) if nodes else []
     replicas: list[PeerHead] = []
     if len(heads) < len(nodes) or not nodes:
@@ -51,9 +65,7 @@ async def newest_source(
     if not heads and not replicas:
         return None
     best = max([*heads, *replicas], key=lambda h: (h.acked_s, h.node_id))
-    if local is not None and is_unflushed(local) and local.acked_s >= best.acked_s:
-        return None
-    return best.node_id, any(best is h for h in replicas)
+    return best, any(best is h for h in replicas)
 
 
 def forward_headers(read: ReadOptions) -> dict[str, str]:

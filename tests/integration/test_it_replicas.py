@@ -299,6 +299,9 @@ def test_a_lost_writers_newer_version_is_read_over_an_older_one_held_here(
         Bucket=bucket, Key="nv/copy", CopySource={"Bucket": bucket, "Key": "nv/k"}
     )
     assert copied["CopyObjectResult"]["ETag"] == quoted_md5(new)
+    with pytest.raises(ClientError) as stale:  # a conditional write sees b's version too
+        a.client().put_object(Bucket=bucket, Key="nv/k", Body=b"x", IfMatch=quoted_md5(old))
+    assert error_status(stale.value) == 412
     a.resume_flush()  # its older version may go up first: b's is taken over after it
 
     def newest_there() -> bool:
