@@ -214,12 +214,14 @@ class CopyService:
         if source is None:
             return None
         node, replica = source
+        bucket, key = req.source_bucket, req.source_key
         try:
-            found = await self._fleet.read(
-                node, req.source_bucket, req.source_key, "GET", {}, replica=replica
-            )
+            found = await self._fleet.read(node, bucket, key, "GET", {}, replica=replica)
         except PeerError as exc:
             peers.raise_peer_error(exc)  # a delete there: NoSuchKey
+        if found is None and not replica and not peers.is_unflushed(local):
+            # It did not answer: a replica of what it holds may (--replicas), as for reads.
+            found = await peers.read_replica(self._fleet, bucket, key, "GET", {})
         if found is None:
             return None
         try:

@@ -318,17 +318,13 @@ class ObjectService:
         self, bucket: str, key: str, method: str, headers: Mapping[str, str]
     ) -> ObjectBody | None:
         assert self._fleet is not None
-        for node in self._fleet.replica_candidates(bucket, key):
-            try:
-                found = await self._fleet.read(
-                    node, bucket, key, method, headers, replica=True, zero_copy=True
-                )
-            except PeerError as exc:
-                peers.raise_peer_error(exc)
-            if found is not None:
-                metrics.PEER_READS.inc()
-                return peers.as_body(found)
-        return None
+        found = await peers.read_replica(
+            self._fleet, bucket, key, method, headers, zero_copy=True
+        )
+        if found is None:
+            return None
+        metrics.PEER_READS.inc()
+        return peers.as_body(found)
 
     async def _peer_version(
         self, bucket: str, key: str, local: LocalObject | None

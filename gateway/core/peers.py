@@ -10,7 +10,8 @@ version like any other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from gateway.core.bodies import ChunkSource, NoBody
@@ -33,10 +34,11 @@ async def newest_source(
     """The peer to read ``key`` from, and whether what it holds there is a replica (of a
     writer that cannot answer); None when this node's row or the bucket wins.
 
-    With one candidate and nothing unflushed here, the candidate is read at once (one round
-    trip: it answers "not held" if it has nothing); otherwise the versions are asked first
-    and compared (``newest_version``)."""
-    if len(nodes) == 1 and not is_unflushed(local):
+    With one candidate, nothing unflushed here and every member answering, the candidate is
+    read at once (one round trip: it answers "not held" if it has nothing); otherwise the
+    versions are asked first and compared (``newest_version``: a lost writer's replicas
+    too)."""
+    if len(nodes) == 1 and not is_unflushed(local) and not fleet.replica_candidates(bucket, key):
         return nodes[0], False
     found = await newest_version(fleet, nodes, bucket, key)
     if found is None:
@@ -51,21 +53,48 @@ async def newest_version(
     fleet: FleetView, nodes: Sequence[str], bucket: str, key: str
 ) -> tuple[PeerHead, bool] | None:
     """The newest unflushed version (or delete) of ``key`` the candidates ``nodes`` hold,
-    and whether it is a replica. A candidate that does not answer, or a writer no longer one
-    (lost: its lease ran out), may hold a newer version than any that answer: with
-    replicas, their holders are asked too (only while a member is unreachable). Without
-    that, a node holding an older unflushed version served it until the lost writer's was
-    taken over (found by loadtest/fleet_soak.py)."""
-    heads = await fleet.heads(nodes, bucket, key) if nodes else []
-    replicas: list[PeerHead] = []
-    if len(heads) < len(nodes) or not nodes:
-        holders = fleet.replica_candidates(bucket, key)
-        if holders:
-            replicas = await fleet.heads(holders, bucket, key, replica=True)
+    and whether it is a replica. While a member is unreachable, it may be a writer of a
+    newer version than any candidate's (a candidate that does not answer, or one no longer
+    a candidate: its lease ran out): with replicas, their holders are asked too (at once,
+    beside the candidates). Without that, a node holding an older unflushed version, or a
+    peer holding one, served it until the lost writer's was taken over (found by
+    loadtest/fleet_soak.py)."""
+    holders = fleet.replica_candidates(bucket, key)  # none while every member answers
+    heads, replicas = await asyncio.gather(
+        fleet.heads(nodes, bucket, key) if nodes else _none(),
+        fleet.heads(holders, bucket, key, replica=True) if holders else _none(),
+    )
     if not heads and not replicas:
         return None
     best = max([*heads, *replicas], key=lambda h: (h.acked_s, h.node_id))
     return best, any(best is h for h in replicas)
+
+
+async def read_replica(
+    fleet: FleetView,
+    bucket: str,
+    key: str,
+    method: str,
+    headers: Mapping[str, str],
+    *,
+    zero_copy: bool = False,
+) -> PeerRead | None:
+    """``key`` read from a replica of it (of a writer that cannot answer), if a holder has
+    one: None otherwise, or while every member answers (S3 errors of that version raised)."""
+    for node in fleet.replica_candidates(bucket, key):
+        try:
+            found = await fleet.read(
+                node, bucket, key, method, headers, replica=True, zero_copy=zero_copy
+            )
+        except PeerError as exc:
+            raise_peer_error(exc)
+        if found is not None:
+            return found
+    return None
+
+
+async def _none() -> list[PeerHead]:
+    return []
 
 
 def forward_headers(read: ReadOptions) -> dict[str, str]:

@@ -292,6 +292,10 @@ def test_a_lost_writers_newer_version_is_read_over_an_older_one_held_here(
     a.client().put_object(Bucket=bucket, Key="nv/k", Body=old)
     b.client().put_object(Bucket=bucket, Key="nv/k", Body=new)
     b.kill()
+    copied = c.client().copy_object(  # b still a candidate here: it does not answer
+        Bucket=bucket, Key="nv/copy-c", CopySource={"Bucket": bucket, "Key": "nv/k"}
+    )
+    assert copied["CopyObjectResult"]["ETag"] == quoted_md5(new)
     for gw in (a, c, a):
         assert gw.client().head_object(Bucket=bucket, Key="nv/k")["ETag"] == quoted_md5(new)
         assert read_body(gw.client().get_object(Bucket=bucket, Key="nv/k")) == new
