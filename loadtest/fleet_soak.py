@@ -194,7 +194,8 @@ class Soak:
                 self.tally.failed_reads += 1
             elif got != want:
                 self.tally.stale_reads.append(
-                    f"{name}: wrote {want} through {NAMES[writer]}, {NAMES[reader]} read {got} "
+                    f"{name}: wrote {want} through {NAMES[writer] if writer >= 0 else 'a node'}, "
+                    f"{NAMES[reader]} read {got} "
                     f"(round {self.round}, {self.down or 'none'} down)"
                 )
 
@@ -202,7 +203,19 @@ class Soak:
         rng = random.Random(seed)
         mine = [k for i, k in enumerate(sorted(self.keys)) if i % workers == w]
         while not self.stop.is_set():
-            self.operate(rng, rng.choice(mine), mine)
+            name = rng.choice(mine)
+            if rng.random() < 0.15:
+                self.read_any(rng, name)
+            else:
+                self.operate(rng, name, mine)
+
+    def read_any(self, rng: random.Random, name: str) -> None:
+        """A HEAD of a settled key through any live node, at any time (during a loss too)."""
+        state = self.keys[name]
+        if not state.settled:
+            return
+        (want,) = state.possible
+        self._read_back(rng, -1, name, want)
 
     # -- faults -----------------------------------------------------------------------
 

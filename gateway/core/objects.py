@@ -318,9 +318,7 @@ class ObjectService:
         self, bucket: str, key: str, method: str, headers: Mapping[str, str]
     ) -> ObjectBody | None:
         assert self._fleet is not None
-        found = await peers.read_replica(
-            self._fleet, bucket, key, method, headers, zero_copy=True
-        )
+        found = await peers.read_replica(self._fleet, bucket, key, method, headers, zero_copy=True)
         if found is None:
             return None
         metrics.PEER_READS.inc()

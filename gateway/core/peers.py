@@ -10,7 +10,6 @@ version like any other.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
@@ -55,15 +54,14 @@ async def newest_version(
     """The newest unflushed version (or delete) of ``key`` the candidates ``nodes`` hold,
     and whether it is a replica. While a member is unreachable, it may be a writer of a
     newer version than any candidate's (a candidate that does not answer, or one no longer
-    a candidate: its lease ran out): with replicas, their holders are asked too (at once,
-    beside the candidates). Without that, a node holding an older unflushed version, or a
-    peer holding one, served it until the lost writer's was taken over (found by
-    loadtest/fleet_soak.py)."""
-    holders = fleet.replica_candidates(bucket, key)  # none while every member answers
-    heads, replicas = await asyncio.gather(
-        fleet.heads(nodes, bucket, key) if nodes else _none(),
-        fleet.heads(holders, bucket, key, replica=True) if holders else _none(),
-    )
+    a candidate: its lease ran out): with replicas, their holders are asked too. Without
+    that, a node holding an older unflushed version, or a peer holding one, served it
+    until the lost writer's was taken over (found by loadtest/fleet_soak.py)."""
+    heads = await fleet.heads(nodes, bucket, key) if nodes else []
+    # After the candidates: one that did not answer is unreachable now (none while every
+    # member answers: no cost in the usual case).
+    holders = fleet.replica_candidates(bucket, key)
+    replicas = await fleet.heads(holders, bucket, key, replica=True) if holders else []
     if not heads and not replicas:
         return None
     best = max([*heads, *replicas], key=lambda h: (h.acked_s, h.node_id))
@@ -91,10 +89,6 @@ async def read_replica(
         if found is not None:
             return found
     return None
-
-
-async def _none() -> list[PeerHead]:
-    return []
 
 
 def forward_headers(read: ReadOptions) -> dict[str, str]:

@@ -108,6 +108,9 @@ class Member:
     unreachable_since_s: float | None = None
     last_error: str | None = None
     heard_s: float | None = None  # when it last asked this node something (its lease)
+    # When it came back with a new data dir: what its old one held unflushed lives only in
+    # replicas until taken over (reads ask their holders meanwhile).
+    new_datadir_s: float | None = None
 
     def __post_init__(self) -> None:
         self.remote = RemoteDirectory(self.node_id)
@@ -259,6 +262,7 @@ class Membership:
                 log.info("peers: %s is back at %s", info.node_id, address)
             member.address, member.info, member.has_left = address, info, False
             if old is not None and old.datadir_id != info.datadir_id:
+                member.new_datadir_s = self._clock.monotonic()
                 log.warning(
                     "peers: %s answers with a new data dir (%s, was %s): what it held is gone",
                     info.node_id,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -245,7 +246,13 @@ class Fleet:
     def replica_candidates(self, bucket: str, key: str) -> Sequence[str]:
         if self.replication is None:
             return []
-        if all(m.is_reachable is not False for m in self.membership.active()):
+        # A member back with a new data dir lost what its old one held: its replicas hold
+        # it until taken over (a few takeover rounds; generously, a few peer timeouts).
+        since_s = self._clock.monotonic() - max(60.0, 4 * self.config.peer_timeout_s)
+        if all(
+            m.is_reachable is not False and (m.new_datadir_s or -math.inf) < since_s
+            for m in self.membership.active()
+        ):
             return []  # every writer answers for itself
         # The holders its writer chose: rendezvous over who is reachable, this node
         # included (it may hold the replica itself), one more for a membership that moved.

@@ -317,6 +317,25 @@ def test_a_lost_writers_newer_version_is_read_over_an_older_one_held_here(
     assert newest_there()  # and nothing older went up after it
 
 
+def test_a_writer_back_with_an_empty_disk_is_read_from_its_replicas_until_taken_over(
+    trio: list[GatewayProcess], bucket: str
+) -> None:
+    """a is wiped and back at once: it answers again, holding nothing, and its versions
+    live only in replicas until taken over. Reads through b and c found nothing there for
+    a few seconds, and answered 404 (found by loadtest/fleet_soak.py)."""
+    a, b, c = trio
+    a.pause_flush()
+    bodies = {f"wb/k{i}": payload(2000, f"wb{i}") for i in range(3)}
+    for key, body in bodies.items():
+        a.client().put_object(Bucket=bucket, Key=key, Body=body)
+    a.kill()
+    shutil.rmtree(a.data_dir)
+    a.start()
+    for gw in (b, c, b):
+        for key, body in bodies.items():
+            assert gw.client().head_object(Bucket=bucket, Key=key)["ETag"] == quoted_md5(body)
+
+
 def test_strict_refuses_what_cannot_be_replicated_and_degrade_acknowledges_it(
     moto_server: str, tmp_path: Path, bucket: str
 ) -> None:
