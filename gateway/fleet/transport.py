@@ -110,10 +110,17 @@ class PeerTransport(Protocol):
         ...
 
     async def version(
-        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
+        self,
+        address: str,
+        bucket: str,
+        key: str,
+        timeout_s: float,
+        *,
+        lost: Sequence[str] | None = None,
     ) -> PeerHead | None:
         """The peer's unflushed version (or delete) of ``key``; None if it holds none
-        (``replica``: the newest replica of it the peer holds for another node)."""
+        (``lost``: the newest replica of it the peer holds for one of these writers, which
+        the asking node cannot reach)."""
         ...
 
     async def read(

@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -140,9 +140,15 @@ class SimTransport:
         await self._net.call(self._me, address, lambda n: n.api_bye(node), timeout_s)
 
     async def version(
-        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
+        self,
+        address: str,
+        bucket: str,
+        key: str,
+        timeout_s: float,
+        *,
+        lost: Sequence[str] | None = None,
     ) -> PeerHead | None:
-        if replica:
+        if lost is not None:
             return None  # (reads from replicas are not simulated)
         return await self._net.call(self._me, address, lambda n: n.api_version(key), timeout_s)
 
