@@ -11,12 +11,10 @@ for as long as the copy is kept (found by loadtest/fleet_soak.py).
 So a copy is trusted only if it was checked against the bucket (the same ETag and size)
 after the last moment another node may have written its key unseen here, and while no
 peer may hold an unflushed version of it (``FleetView.candidates``: the read asks them
-first), nor a lost member's replica holders (``FleetView.replica_candidates``: they may
-upload what it held at any moment, announcing nothing). That moment
-(``FleetView.copies_stale_since``) is the last announcement or withdrawal of the key's
-directory by a peer (a node announces a directory before it acknowledges a write there),
-or a lease from a peer gained after a time without one (this node's start too: writes
-acknowledged then were not announced here). A checkpoint's copies
+first). That moment (``FleetView.copies_stale_since``) is the last announcement or
+withdrawal of the key's directory by a peer (a node announces a directory before it
+acknowledges a write there), or a lease from a peer gained after a time without one (this
+node's start too: writes acknowledged then were not announced here). A checkpoint's copies
 are therefore checked once per node after a restart or after another node wrote in their
 directory, one HEAD each, and not again until the next such event. A copy found stale is
 dropped as an evicted one is, and the read goes on as if it had never been here.
@@ -72,7 +70,6 @@ class FreshRows:
             checked_s is not None
             and checked_s >= fleet.copies_stale_since(bucket, key)
             and not fleet.candidates(bucket, key)
-            and not fleet.replica_candidates(bucket, key)
         ):
             return row
         now_s = self._clock.monotonic()

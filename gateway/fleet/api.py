@@ -146,9 +146,7 @@ def _strings(doc: Any, *names: str) -> list[str]:
 async def _version(side: PeerSide, doc: Any, request: web.Request) -> Any:
     bucket, key = _strings(doc, "bucket", "key")
     if doc.get("replica") is True:  # what a writer that cannot answer holds, from here
-        lost = doc.get("lost")
-        named = {str(n) for n in lost} if isinstance(lost, list) else None
-        row = await api_replicas.newest_replica(side, bucket, key, named)
+        row = await api_replicas.newest_replica(side, bucket, key)
     else:
         row = await side.objects.unflushed_row(bucket, key)
     if row is None:
@@ -249,11 +247,7 @@ async def read_object(request: web.Request) -> web.StreamResponse:
         read = read_options(query, request.headers)
         with_body = request.method == "GET"
         if REPLICA_HEADER in request.headers:
-            named = request.headers[REPLICA_HEADER]
-            lost = None if named == "1" else set(named.split(","))
-            found = await api_replicas.replica_read(
-                side, bucket, key, read, with_body=with_body, lost=lost
-            )
+            found = await api_replicas.replica_read(side, bucket, key, read, with_body=with_body)
         else:
             found = await side.objects.peer_read(bucket, key, read, with_body=with_body)
     except S3Error as exc:

@@ -209,17 +209,14 @@ async def owner_drain(side: PeerSide, ask: DrainRequest) -> DrainAnswer:
 
 
 async def replica_read(
-    side: PeerSide,
-    bucket: str,
-    key: str,
-    read: ReadOptions,
-    *,
-    with_body: bool,
-    lost: set[str] | None = None,
+    side: PeerSide, bucket: str, key: str, read: ReadOptions, *, with_body: bool
 ) -> tuple[LocalObject, ObjectBody] | None:
     """The newest replica of ``key`` this node holds (for a writer that cannot answer):
     read as the writer would serve it. None: none held here."""
-    for replica in await _servable(side, bucket, key, lost):
+    held = side.held
+    if held is None:
+        return None
+    for replica in await held.store.for_key(bucket, key):
         row = as_row(replica)
         body = await side.objects.replica_read(row, read, with_body=with_body)
         if body is not None:
@@ -227,43 +224,11 @@ async def replica_read(
     return None
 
 
-async def newest_replica(
-    side: PeerSide, bucket: str, key: str, lost: set[str] | None = None
-) -> LocalObject | None:
-    """The newest replica of ``key`` held here that stands for its writer, as its row
-    (None: none)."""
-    replicas = await _servable(side, bucket, key, lost)
-    return as_row(replicas[0]) if replicas else None
-
-
-async def _servable(side: PeerSide, bucket: str, key: str, lost: set[str] | None) -> list[Replica]:
-    """The replicas of ``key`` held here that a read may serve, newest first: not uploaded
-    already (the bucket has it), and of a writer that does not answer for itself: one of
-    ``lost`` (the writers the asking node cannot reach), or without that, by this node's
-    view (unreachable, or back with another data dir). A live writer's replica may be a
-    version it flushed and has not had dropped here yet: served for a lost writer's, it
-    read an older version over the bucket's (found by loadtest/fleet_soak.py)."""
+async def newest_replica(side: PeerSide, bucket: str, key: str) -> LocalObject | None:
+    """The newest replica of ``key`` held here, as its writer's row (None: none held)."""
     held = side.held
-    if held is None:
-        return []
-    out = []
-    for replica in await held.store.for_key(bucket, key):
-        if replica.is_uploaded:
-            continue
-        if lost is not None:
-            if replica.owner in lost:
-                out.append(replica)
-            continue
-        member = side.fleet.membership.get(replica.owner)
-        alive = (
-            member is not None
-            and member.is_reachable is True
-            and member.info is not None
-            and member.info.datadir_id == replica.datadir_id
-        )
-        if not alive:
-            out.append(replica)
-    return out
+    replicas = [] if held is None else await held.store.for_key(bucket, key)
+    return as_row(replicas[0]) if replicas else None
 
 
 def as_row(replica: Replica) -> LocalObject:

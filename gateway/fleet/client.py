@@ -55,9 +55,7 @@ READ_CHUNK_BYTES = 4 << 20
 # Headers of a GET/HEAD that a peer evaluates against its version.
 FORWARDED = ("Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since")
 PART_HEADER = "x-gateway-part-number"
-# Read the replica held for another, not one's own: of the writers named (comma-separated:
-# the ones the asking node cannot reach; "1": any writer that does not answer for itself).
-REPLICA_HEADER = "x-gateway-replica"
+REPLICA_HEADER = "x-gateway-replica"  # read the replica held for another, not one's own
 # A commit this long (JSON) or shorter goes in the query of a small body's request (well
 # within the listener's 16 KiB request line once base64url-encoded).
 _QUERY_DOC_BYTES = 8 << 10
@@ -186,17 +184,11 @@ class PeerClient:
         return _decoded(lambda raw: supersede_answers(raw, len(request.versions)), answer)
 
     async def version(
-        self,
-        address: str,
-        bucket: str,
-        key: str,
-        timeout_s: float,
-        *,
-        lost: Sequence[str] | None = None,
+        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
     ) -> PeerHead | None:
         doc: dict[str, Any] = {"bucket": bucket, "key": key}
-        if lost is not None:
-            doc["replica"], doc["lost"] = True, list(lost)
+        if replica:
+            doc["replica"] = True
         answer = await self._call(address, "version", doc, timeout_s)
         if not isinstance(answer, dict) or answer.get("head") is None:
             return None

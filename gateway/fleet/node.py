@@ -226,26 +226,33 @@ class Fleet:
     async def heads(
         self, nodes: Sequence[str], bucket: str, key: str, *, replica: bool = False
     ) -> list[PeerHead]:
-        lost = self._lost_writers() if replica else None
-        found = await asyncio.gather(*(self._version(n, bucket, key, lost) for n in nodes))
+        found = await asyncio.gather(*(self._version(n, bucket, key, replica) for n in nodes))
         return [h for h in found if h is not None]
 
     async def _version(
-        self, node: str, bucket: str, key: str, lost: Sequence[str] | None
+        self, node: str, bucket: str, key: str, replica: bool = False
     ) -> PeerHead | None:
-        address = self._address(node, lost is not None)
+        address = self._address(node, replica)
         if address is None:
             return None
         try:
             return await self._transport.version(
-                address, bucket, key, self.config.read_timeout_s, lost=lost
+                address, bucket, key, self.config.read_timeout_s, replica=replica
             )
         except PeerUnavailable as exc:
             self._fell_back(node, f"{bucket}/{key}", exc)
             return None
 
     def replica_candidates(self, bucket: str, key: str) -> Sequence[str]:
-        if self.replication is None or not self._lost_writers():
+        if self.replication is None:
+            return []
+        # A member back with a new data dir lost what its old one held: its replicas hold
+        # it until taken over (a few takeover rounds; generously, a few peer timeouts).
+        since_s = self._clock.monotonic() - max(60.0, 4 * self.config.peer_timeout_s)
+        if all(
+            m.is_reachable is not False and (m.new_datadir_s or -math.inf) < since_s
+            for m in self.membership.active()
+        ):
             return []  # every writer answers for itself
         # The holders its writer chose: rendezvous over who is reachable, this node
         # included (it may hold the replica itself), one more for a membership that moved.
@@ -271,7 +278,7 @@ class Fleet:
         if address is None:
             return None
         if replica:
-            headers = {**headers, REPLICA_HEADER: ",".join(self._lost_writers()) or "-"}
+            headers = {**headers, REPLICA_HEADER: "1"}
         try:
             return await self._transport.read(
                 address,
@@ -285,17 +292,6 @@ class Fleet:
         except PeerUnavailable as exc:
             self._fell_back(node, f"{bucket}/{key}", exc)
             return None
-
-    def _lost_writers(self) -> list[str]:
-        """Members whose versions only their replicas may answer for: unreachable, or back
-        with a new data dir lately (what the old one held unflushed lives only in replicas
-        until taken over: a few takeover rounds; generously, a few peer timeouts)."""
-        since_s = self._clock.monotonic() - max(60.0, 4 * self.config.peer_timeout_s)
-        return [
-            m.node_id
-            for m in self.membership.active()
-            if m.is_reachable is False or (m.new_datadir_s or -math.inf) >= since_s
-        ]
 
     def _address(self, node: str, replica: bool) -> str | None:
         if node == self.me.node_id and replica:

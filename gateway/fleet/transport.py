@@ -110,17 +110,10 @@ class PeerTransport(Protocol):
         ...
 
     async def version(
-        self,
-        address: str,
-        bucket: str,
-        key: str,
-        timeout_s: float,
-        *,
-        lost: Sequence[str] | None = None,
+        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
     ) -> PeerHead | None:
         """The peer's unflushed version (or delete) of ``key``; None if it holds none
-        (``lost``: the newest replica of it the peer holds for one of these writers, which
-        the asking node cannot reach)."""
+        (``replica``: the newest replica of it the peer holds for another node)."""
         ...
 
     async def read(

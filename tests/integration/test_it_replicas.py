@@ -336,38 +336,6 @@ def test_a_writer_back_with_an_empty_disk_is_read_from_its_replicas_until_taken_
             assert gw.client().head_object(Bucket=bucket, Key=key)["ETag"] == quoted_md5(body)
 
 
-def test_a_taken_over_version_is_read_not_an_older_replica_or_copy(
-    trio: list[GatewayProcess], bucket: str
-) -> None:
-    """b wrote and flushed the older version (b keeps a copy; its replica may linger on a
-    holder until dropped), a the newer one, and a is lost. After the takeover uploads a's
-    version, reads through b and c served b's copy or b's lingering replica: the takeover
-    announces nothing, and a live writer's replica was taken for the lost one's (found by
-    loadtest/fleet_soak.py)."""
-    a, b, c = trio
-    old, new = payload(1000, "to-old"), payload(2000, "to-new")
-    b.client().put_object(Bucket=bucket, Key="to/k", Body=old)
-    b.drained(bucket=bucket)
-    assert read_body(c.client().get_object(Bucket=bucket, Key="to/k")) == old  # c's copy
-    a.pause_flush()
-    a.client().put_object(Bucket=bucket, Key="to/k", Body=new)
-    a.kill()
-    for _ in range(4):  # during the loss: a's version, from its replica (copies checked)
-        for gw in (b, c):
-            assert gw.client().head_object(Bucket=bucket, Key="to/k")["ETag"] == quoted_md5(new)
-        time.sleep(1.0)
-    upstream = upstream_client(a.upstream_url)
-    until(
-        lambda: (
-            data_objects(upstream, bucket, "to/").get("to/k", {}).get("ETag") == quoted_md5(new)
-        ),
-        60,
-    )
-    for gw in (b, c, b, c):
-        assert gw.client().head_object(Bucket=bucket, Key="to/k")["ETag"] == quoted_md5(new)
-        assert read_body(gw.client().get_object(Bucket=bucket, Key="to/k")) == new
-
-
 def test_strict_refuses_what_cannot_be_replicated_and_degrade_acknowledges_it(
     moto_server: str, tmp_path: Path, bucket: str
 ) -> None:

@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -140,15 +140,9 @@ class SimTransport:
         await self._net.call(self._me, address, lambda n: n.api_bye(node), timeout_s)
 
     async def version(
-        self,
-        address: str,
-        bucket: str,
-        key: str,
-        timeout_s: float,
-        *,
-        lost: Sequence[str] | None = None,
+        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
     ) -> PeerHead | None:
-        if lost is not None:
+        if replica:
             return None  # (reads from replicas are not simulated)
         return await self._net.call(self._me, address, lambda n: n.api_version(key), timeout_s)
 

@@ -27,16 +27,12 @@ class _Fleet:
     def __init__(self) -> None:
         self.stale_since_s = float("-inf")
         self.holders: list[str] = []
-        self.replica_holders: list[str] = []  # a member is lost: its replicas' holders
 
     def copies_stale_since(self, bucket: str, key: str) -> float:
         return self.stale_since_s
 
     def candidates(self, bucket: str, key: str) -> Sequence[str]:
         return self.holders
-
-    def replica_candidates(self, bucket: str, key: str) -> Sequence[str]:
-        return self.replica_holders
 
 
 class _Blobs:
@@ -97,12 +93,6 @@ async def test_a_copy_is_checked_once_then_trusted_until_its_key_may_have_change
     await rows.get(BUCKET, KEY)
     await rows.get(BUCKET, KEY)
     assert upstream.heads == 4
-    fleet.holders, fleet.replica_holders = [], ["c"]  # a takeover may upload any time
-    await rows.get(BUCKET, KEY)
-    assert upstream.heads == 5
-    fleet.replica_holders = []
-    await rows.get(BUCKET, KEY)
-    assert upstream.heads == 5
 
 
 async def test_a_stale_copy_is_dropped_and_its_blobs_discarded(journal: Journal) -> None:
