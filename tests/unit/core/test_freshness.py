@@ -4,10 +4,9 @@ once another node may have written their key, dropped when stale, trusted in bet
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-import pytest
 from fakes import FakeUpstream
 
 from gateway.clock import FakeClock
@@ -56,14 +55,6 @@ class _CountingUpstream(FakeUpstream):
         return await super().head_object(bucket, key)
 
 
-@pytest.fixture
-def journal(tmp_path: Path) -> Iterator[Journal]:
-    j = Journal(tmp_path / "journal.db", fsync=False)
-    j.open()
-    yield j
-    j.close()
-
-
 async def _copy(journal: Journal, body: bytes) -> None:
     """A durable row of ``body`` (a read-through copy)."""
     meta = ObjectMeta(BUCKET, KEY, len(body), hashlib.md5(body).hexdigest(), 1.0)
@@ -72,22 +63,36 @@ async def _copy(journal: Journal, body: bytes) -> None:
     journal.unwatch(BUCKET, KEY)
 
 
-def _rows(journal: Journal, upstream: FakeUpstream, fleet: _Fleet | None) -> tuple:
-    clock, blobs = FakeClock(), _Blobs()
-    return FreshRows(journal, upstream, blobs, clock, fleet), clock, blobs  # type: ignore[arg-type]
+@dataclass
+class _Case:
+    rows: FreshRows
+    upstream: _CountingUpstream
+    fleet: _Fleet
+    clock: FakeClock
+    blobs: _Blobs
+
+
+async def _case(
+    journal: Journal, *, copy: bytes, bucket: bytes | None, alone: bool = False
+) -> _Case:
+    """A copy of ``copy`` here, ``bucket`` in the bucket (None: no object there)."""
+    upstream, fleet, clock, blobs = _CountingUpstream(), _Fleet(), FakeClock(), _Blobs()
+    if bucket is not None:
+        upstream.add_object(BUCKET, KEY, bucket)
+    await _copy(journal, copy)
+    rows = FreshRows(journal, upstream, blobs, clock, None if alone else fleet)  # type: ignore[arg-type]
+    return _Case(rows, upstream, fleet, clock, blobs)
 
 
 async def test_a_copy_is_checked_once_then_trusted_until_its_key_may_have_changed(
     journal: Journal,
 ) -> None:
-    upstream, fleet = _CountingUpstream(), _Fleet()
-    upstream.add_object(BUCKET, KEY, b"one")
-    await _copy(journal, b"one")
-    rows, clock, _ = _rows(journal, upstream, fleet)
+    c = await _case(journal, copy=b"one", bucket=b"one")
+    rows, upstream, fleet = c.rows, c.upstream, c.fleet
     assert (await rows.get(BUCKET, KEY)) is not None and upstream.heads == 1
     assert (await rows.get(BUCKET, KEY)) is not None and upstream.heads == 1
-    fleet.stale_since_s = clock.monotonic() + 1  # a peer announced the directory since
-    clock.advance(2)
+    fleet.stale_since_s = c.clock.monotonic() + 1  # a peer announced the directory since
+    c.clock.advance(2)
     assert (await rows.get(BUCKET, KEY)) is not None and upstream.heads == 2
     fleet.holders = ["b"]  # a peer may hold an unflushed version: checked every time
     await rows.get(BUCKET, KEY)
@@ -96,36 +101,26 @@ async def test_a_copy_is_checked_once_then_trusted_until_its_key_may_have_change
 
 
 async def test_a_stale_copy_is_dropped_and_its_blobs_discarded(journal: Journal) -> None:
-    upstream, fleet = _CountingUpstream(), _Fleet()
-    upstream.add_object(BUCKET, KEY, b"two")  # another node's version
-    await _copy(journal, b"one")
-    rows, _, blobs = _rows(journal, upstream, fleet)
-    assert await rows.get(BUCKET, KEY) is None
-    assert await journal.get(BUCKET, KEY) is None and blobs.discarded == ["b" * 32]
+    c = await _case(journal, copy=b"one", bucket=b"two")  # another node's version
+    assert await c.rows.get(BUCKET, KEY) is None
+    assert await journal.get(BUCKET, KEY) is None and c.blobs.discarded == ["b" * 32]
 
 
 async def test_a_copy_of_a_key_deleted_since_is_dropped(journal: Journal) -> None:
-    upstream, fleet = _CountingUpstream(), _Fleet()
-    await _copy(journal, b"one")
-    rows, _, _ = _rows(journal, upstream, fleet)
-    assert await rows.get(BUCKET, KEY) is None and await journal.get(BUCKET, KEY) is None
+    c = await _case(journal, copy=b"one", bucket=None)
+    assert await c.rows.get(BUCKET, KEY) is None and await journal.get(BUCKET, KEY) is None
 
 
 async def test_in_an_outage_the_copy_is_served_unchecked_and_checked_later(
     journal: Journal,
 ) -> None:
-    upstream, fleet = _CountingUpstream(), _Fleet()
-    upstream.add_object(BUCKET, KEY, b"two")
-    await _copy(journal, b"one")
-    rows, _, _ = _rows(journal, upstream, fleet)
-    upstream.down = True
-    assert await rows.get(BUCKET, KEY) is not None
-    upstream.down = False
-    assert await rows.get(BUCKET, KEY) is None
+    c = await _case(journal, copy=b"one", bucket=b"two")
+    c.upstream.down = True
+    assert await c.rows.get(BUCKET, KEY) is not None
+    c.upstream.down = False
+    assert await c.rows.get(BUCKET, KEY) is None
 
 
 async def test_alone_a_copy_is_never_checked(journal: Journal) -> None:
-    upstream = _CountingUpstream()
-    await _copy(journal, b"one")
-    rows, _, _ = _rows(journal, upstream, None)
-    assert await rows.get(BUCKET, KEY) is not None and upstream.heads == 0
+    c = await _case(journal, copy=b"one", bucket=None, alone=True)
+    assert await c.rows.get(BUCKET, KEY) is not None and c.upstream.heads == 0
