@@ -579,7 +579,7 @@ async def _fleet(
         stack.push_async_callback(fleet.stop, say_bye=False)
         if settings.replicas > 0:
             _replicas(settings, clock, journal, blobs, upstream, fleet, transport)
-        await fleet.load()
+        await fleet.load(await journal.unflushed_dirs())
     log.info("fleet: this gateway is %s; peers from %s", node_id, settings.peers)
     return fleet, secret
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.clock import Clock
@@ -148,6 +148,16 @@ class LocalDirectory:
             yield WriteIntent(self, ident, entry)
         finally:
             entry.writers -= 1
+
+    def restore(self, dirs: Iterable[Dir]) -> None:
+        """Before this node grants its first lease: the directories of what it still holds
+        unflushed from before a restart (its disk kept). Peers learn them from their first
+        snapshot, as if announced; without it they read the bucket instead (a 404, or an
+        older version) until each was flushed."""
+        for ident in dirs:
+            if ident not in self._entries:
+                self.version += 1
+                self._entries[ident] = _Entry(self.version)
 
     def _missing(self, entry: _Entry) -> list[_Holder]:
         now_s = self._clock.monotonic()

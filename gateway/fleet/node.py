@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ from gateway.fleet.rereplication import Rereplication
 from gateway.fleet.takeover import Takeover, UploadClaims
 from gateway.fleet.transport import PeerHead, PeerRead, PeerTransport, PeerUnavailable
 from gateway.fleet.view import HoldHandle
-from gateway.fleet.wire import DirChange, LeaseGrant, LeaseRequest, NodeInfo, PeerRow
+from gateway.fleet.wire import Dir, DirChange, LeaseGrant, LeaseRequest, NodeInfo, PeerRow
 
 log = logging.getLogger(__name__)
 _TICK_S = 1.0  # how often announced directories are checked for withdrawal
@@ -110,9 +110,12 @@ class Fleet:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def load(self) -> None:
-        """The remembered members: before the flusher loads its held markers."""
+    async def load(self, unflushed_dirs: Iterable[Dir] = ()) -> None:
+        """The remembered members: before the flusher loads its held markers; and the
+        directories of this node's unflushed rows (``LocalDirectory.restore``): before the
+        S3 listener (and so the peer API) is up."""
         await self.membership.load()
+        self.directory.restore(unflushed_dirs)
         if self.replication is not None and self.replication.short is not None:
             await self.replication.short.load()
 

@@ -34,6 +34,7 @@ from gateway.store.rows import (
     RowImage,
     blob_ids_of,
     current,
+    directory_prefixes,
     image_from,
     prefix_bytes,
     row_from,
@@ -309,6 +310,21 @@ class Journal(JournalEngine):
                 (bucket, after, prefix, *prefix_bytes(prefix), limit),
             ).fetchall()
             return [row_from(r) for r in rows]
+
+        return await self._read(op)
+
+    async def unflushed_dirs(self) -> set[tuple[str, str]]:
+        """The (bucket, parent directory) of every row not durable upstream: what a fleet
+        node announces again when it starts with its disk (``LocalDirectory.restore``)."""
+
+        def op(conn: sqlite3.Connection) -> set[tuple[str, str]]:
+            return {
+                (bucket, directory_prefixes(key)[-1])
+                for state in ("pending", "flushing", "failed")
+                for bucket, key in conn.execute(
+                    "SELECT bucket, key FROM objects WHERE state = ?", (state,)
+                )
+            }
 
         return await self._read(op)
 

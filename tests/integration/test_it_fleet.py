@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from fleetutil import fleet_of, held_by, member, until, wait_joined
+from fleetutil import fleet_of, held_by, member, running, until, wait_joined
 from harness import (
     GATEWAY_ACCESS_KEY,
     GATEWAY_SECRET_KEY,
@@ -422,6 +422,40 @@ def test_a_node_back_with_an_empty_disk_keeps_the_marker_held(pair: list[Any], b
     until(lambda: "new data dir" in str(_marker_state(a, bucket, "wiped/.metadata")[1]))
     assert "wiped/.metadata" not in upstream_objects(fleet_upstream(a), bucket)
     assert a.object_state(bucket, "wiped/.metadata")["state"] == "pending"
+
+
+def test_a_node_back_with_its_disk_is_read_through_the_others_before_it_flushes(
+    moto_server: str, tmp_path: Any, bucket: str
+) -> None:
+    """b restarts (kill -9) holding unflushed versions (a long write-back delay keeps them
+    so): a reads them through b at once, not the bucket's older version or its 404."""
+    upstream = upstream_client(moto_server)
+    upstream.put_object(Bucket=bucket, Key="rs/k", Body=b"old")
+    upstream.put_object(Bucket=bucket, Key="rs/gone", Body=b"deleted through b")
+    gateways = fleet_of(tmp_path, moto_server, ("a", "b"), ("--write-back-delay", "120"))
+    with running(gateways) as (a, b):
+        wait_joined(gateways, ("a", "b"))
+        b.client().put_object(Bucket=bucket, Key="rs/k", Body=b"new")
+        b.client().put_object(Bucket=bucket, Key="rs/sub/only", Body=b"only on b")
+        b.client().delete_object(Bucket=bucket, Key="rs/gone")
+        b.restart(hard=True)
+        wait_joined(gateways, ("a", "b"))
+        s3 = a.client()
+        got = s3.get_object(Bucket=bucket, Key="rs/k")
+        assert read_body(got) == b"new" and got["ETag"] == quoted_md5(b"new")
+        assert got["ResponseMetadata"]["HTTPHeaders"]["x-gateway-node"] == "b"
+        assert read_body(s3.get_object(Bucket=bucket, Key="rs/sub/only")) == b"only on b"
+        with pytest.raises(ClientError) as gone:
+            s3.head_object(Bucket=bucket, Key="rs/gone")
+        assert error_code(gone.value) in ("404", "NoSuchKey")
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix="rs/")["Contents"]
+        assert [(o["Key"], o["ETag"]) for o in listed] == [
+            ("rs/k", quoted_md5(b"new")),
+            ("rs/sub/only", quoted_md5(b"only on b")),
+        ]
+        assert upstream_objects(upstream, bucket)["rs/k"]["ETag"] == quoted_md5(b"old")
+        for gw in gateways:
+            gw.kill()  # a graceful stop would drain, and wait out the write-back delay
 
 
 def _marker_state(gw: GatewayProcess, bucket: str, key: str) -> tuple[str | None, str | None]:

@@ -293,7 +293,8 @@ class SimNode:
 
     async def start(self) -> None:
         self.is_up = True
-        await self.fleet.load()
+        # As the gateway starts: its unflushed rows' directories announced again.
+        await self.fleet.load({(BUCKET, parent_prefix(key)) for key in self.disk.pending})
         for row in self.disk.pending.values():
             if row.is_marker and not row.is_delete:
                 self._hold(row)

@@ -7,7 +7,8 @@ Promises checked (docs/fleet.md):
   shard of it, whichever node wrote them, whatever failed meanwhile;
 - a fleet drain never says drained while a shard acknowledged before the question is not
   in the bucket;
-- read-after-write across nodes for nodes that stay connected;
+- read-after-write across nodes for nodes that stay connected, or are back from a restart
+  with their disk;
 - a dead peer delays the first write of a new directory by at most one lease, once;
 - a node back with an empty disk keeps the markers that waited on it held.
 """
@@ -243,6 +244,32 @@ def test_a_node_back_with_an_empty_disk_keeps_the_marker_held() -> None:
         assert f"ck/9/{MARKER}" not in fleet.bucket.objects
         reason = fleet.nodes["a"].fleet.held_by(BUCKET, marker.key)
         assert reason is not None and "new data dir" in reason
+        await fleet.close()
+
+    run(main())
+
+
+def test_a_node_back_with_its_disk_is_read_through_the_others_before_it_flushes() -> None:
+    """b restarts holding unflushed versions: the others ask it for them at once (its first
+    lease grants carry their directories), not the bucket (a 404, or an older version)."""
+
+    async def main() -> None:
+        fleet = SimFleet(3, seed=13, upload_s=(0.05, 0.1))
+        await fleet.start()
+        a, b = fleet.nodes["a"], fleet.nodes["b"]
+        await a.put("rs/dir/k", "old")
+        await asyncio.sleep(5.0)  # flushed: "old" is in the bucket
+        b.is_paused = True
+        await b.put("rs/dir/k", "new")
+        await b.put("rs/other/k2", "only on b")
+        await fleet.restart("b")
+        fleet.nodes["b"].is_paused = True  # still not flushed after the restart
+        await asyncio.sleep(3.0)  # leases from the new incarnation
+        for reader in ("a", "c"):
+            assert await fleet.nodes[reader].read("rs/dir/k") == "new", reader
+            assert await fleet.nodes[reader].read("rs/other/k2") == "only on b", reader
+        fleet.nodes["b"].is_paused = False
+        fleet.nodes["b"].changed.set()
         await fleet.close()
 
     run(main())

@@ -257,6 +257,20 @@ async def test_unflushed_after_lists_every_row_not_durable_in_seq_order(
     assert got.body == b"small"  # what a new holder lacking it gets
 
 
+async def test_unflushed_dirs_are_the_parents_of_rows_not_durable(
+    journal: Journal, queue: FlushQueue
+) -> None:
+    """What a fleet node announces again after a restart: the parent directory of each
+    unflushed version or delete, not of durable rows."""
+    await journal.commit_put(meta("top"), "b0", 1.0)
+    await journal.commit_put(meta("ck/1/a"), "b1", 1.0)
+    await journal.commit_put(meta("ck/1/b"), "b2", 1.0)
+    done, _ = await journal.commit_put(meta("ck/2/a"), "b3", 1.0)
+    await journal.commit_delete("b", "gone/x", 1.0)
+    assert await queue.mark_durable((await queue.claim([done.seq]))[0])
+    assert await journal.unflushed_dirs() == {("b", ""), ("b", "ck/1/"), ("b", "gone/")}
+
+
 async def test_a_seq_is_handed_out_as_the_commit_is_queued_in_commit_order(
     journal: Journal,
 ) -> None:
