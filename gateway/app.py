@@ -21,7 +21,7 @@ import resource
 import signal
 import socket
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,7 @@ from gateway.store.copies import ShortCopies
 from gateway.store.journal import Journal
 from gateway.store.members import MemberTable
 from gateway.store.rates import RateTable
-from gateway.store.replicas import ReplicaStore
+from gateway.store.replicas import Replica, ReplicaStore
 from gateway.store.space import CacheSpace
 from gateway.store.uploads import UploadJournal
 from gateway.upstream.client import AiobotocoreUpstream, ProbeProblem
@@ -254,7 +254,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
             flusher.policy,
             flusher.order,
             functools.partial(checkpoints.node_figures, flush=FlusherView(flusher)),
-            HeldReplicas(ReplicaStore(journal), blobs, space),
+            HeldReplicas(ReplicaStore(journal), blobs, space, _servable(fleet)),
             withdraw=flusher.withdraw,
         )
         peer_routes = functools.partial(peer_api.install, side=side)
@@ -584,6 +584,11 @@ async def _fleet(
     return fleet, secret
 
 
+def _servable(fleet: Fleet) -> Callable[[Replica], Awaitable[bool]] | None:
+    """What replica reads ask before serving one (docs/fleet.md, "Takeover", on reads)."""
+    return None if fleet.takeover is None else fleet.takeover.is_servable
+
+
 def _replicas(
     settings: Settings,
     clock: SystemClock,
@@ -617,6 +622,7 @@ def _replicas(
         TakeoverConfig(settings.peer_timeout_s, is_marker),
         held_bytes=lambda: journal.figures.replica_bytes,
         wait_fleet_drained=fleet.fence.drained_everywhere,
+        taking_over=fleet.directory.taking_over,
     )
     fleet.takeover = takeover
     fleet.claims = UploadClaims(claims, me, journal.may_be_superseded_elsewhere)

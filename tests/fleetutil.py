@@ -64,14 +64,20 @@ def wait_joined(gateways: Sequence[GatewayProcess], names: Sequence[str]) -> Non
 
 
 @contextlib.contextmanager
-def running(gateways: Sequence[GatewayProcess]) -> Iterator[list[GatewayProcess]]:
+def running(
+    gateways: Sequence[GatewayProcess], names: Sequence[str] = (), *, kill: bool = False
+) -> Iterator[list[GatewayProcess]]:
+    """The gateways started (and, given their ``names``, joined: ``wait_joined``); stopped
+    after, or killed (``kill``: no drain to wait for)."""
     try:
         for gw in gateways:
             gw.start()
+        if names:
+            wait_joined(gateways, names)
         yield list(gateways)
     finally:
         for gw in gateways:
-            gw.stop()
+            gw.kill() if kill else gw.stop()
 
 
 def held_by(head: dict[str, Any]) -> tuple[str | None, str | None]:

@@ -78,8 +78,14 @@ async def read_replica(
     zero_copy: bool = False,
 ) -> PeerRead | None:
     """``key`` read from a replica of it (of a writer that cannot answer), if a holder has
-    one: None otherwise, or while every member answers (S3 errors of that version raised)."""
-    for node in fleet.replica_candidates(bucket, key):
+    one: None otherwise, or while every member answers (S3 errors of that version raised).
+    The holders are asked for their versions first and the newest is read: two holders
+    may hold different versions of one key (of two lost writers, or one held here and a
+    newer one elsewhere)."""
+    holders = fleet.replica_candidates(bucket, key)
+    heads = await fleet.heads(holders, bucket, key, replica=True) if holders else []
+    for head in sorted(heads, key=lambda h: (h.acked_s, h.node_id), reverse=True):
+        node = head.node_id
         try:
             found = await fleet.read(
                 node, bucket, key, method, headers, replica=True, zero_copy=zero_copy

@@ -19,7 +19,7 @@ from gateway.flush.stuck import FleetHeld
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
-from gateway.store.replicas import ReplicaStore
+from gateway.store.replicas import Replica, ReplicaStore
 from gateway.store.space import CacheSpace
 
 log = logging.getLogger("gateway.fleet.api")
@@ -36,6 +36,9 @@ class HeldReplicas:
     store: ReplicaStore
     blobs: BlobStore
     space: CacheSpace | None
+    # Whether a read may serve a replica (``Takeover.is_servable``: not superseded in the
+    # bucket); None: every replica held is (no takeover runs here).
+    is_servable: Callable[[Replica], Awaitable[bool]] | None = None
 
 
 @dataclass(slots=True)

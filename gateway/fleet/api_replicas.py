@@ -212,23 +212,36 @@ async def replica_read(
     side: PeerSide, bucket: str, key: str, read: ReadOptions, *, with_body: bool
 ) -> tuple[LocalObject, ObjectBody] | None:
     """The newest replica of ``key`` this node holds (for a writer that cannot answer):
-    read as the writer would serve it. None: none held here."""
-    held = side.held
-    if held is None:
+    read as the writer would serve it. None: none held here, or it is superseded."""
+    replica = await _servable_replica(side, bucket, key)
+    if replica is None:
         return None
-    for replica in await held.store.for_key(bucket, key):
-        row = as_row(replica)
-        body = await side.objects.replica_read(row, read, with_body=with_body)
-        if body is not None:
-            return row, body
-    return None
+    assert side.held is not None
+    row = as_row(replica)
+    body = await side.objects.replica_read(row, read, with_body=with_body)
+    return None if body is None else (row, body)
 
 
 async def newest_replica(side: PeerSide, bucket: str, key: str) -> LocalObject | None:
-    """The newest replica of ``key`` held here, as its writer's row (None: none held)."""
+    """The newest replica of ``key`` held here, as its writer's row (None: none held, or
+    it is superseded)."""
+    replica = await _servable_replica(side, bucket, key)
+    return None if replica is None else as_row(replica)
+
+
+async def _servable_replica(side: PeerSide, bucket: str, key: str) -> Replica | None:
+    """The newest replica of ``key`` held here, unless a newer version is in the bucket or
+    on its way there (then so are the older ones): a replica lingers after its version
+    was superseded (until its writer says it is not needed, or a takeover drops it), and
+    was served over the bucket's newer version (docs/fleet.md, "Takeover", on reads)."""
     held = side.held
     replicas = [] if held is None else await held.store.for_key(bucket, key)
-    return as_row(replicas[0]) if replicas else None
+    if not replicas:
+        return None
+    assert held is not None
+    if held.is_servable is not None and not await held.is_servable(replicas[0]):
+        return None
+    return replicas[0]
 
 
 def as_row(replica: Replica) -> LocalObject:

@@ -158,10 +158,13 @@ class Claims:
         # the data requests are kept just under.
         self.gate: SendGate | None = None
 
-    async def _send(self, v: Version, call: Callable[[], Awaitable[T]]) -> T:
+    async def _send(
+        self, v: Version, call: Callable[[], Awaitable[T]], *, direct: bool = False
+    ) -> T:
         """One request about ``v``'s claims: through the gate, in the lane of ``v``'s key
-        (its claims are part of its upload), ahead of that lane's data; else at once."""
-        if self.gate is None:
+        (its claims are part of its upload), ahead of that lane's data; else (or
+        ``direct``: for a read, never held behind a paused flusher) at once."""
+        if self.gate is None or direct:
             return await call()
         return await self.gate.early_request(v.bucket, v.key, 0, 0, call)
 
@@ -195,12 +198,12 @@ class Claims:
             # Lost, an earlier run's (this node's too) or unreadable: the next epoch.
         raise Retryable(f"claims of {v}: more than {_MAX_EPOCHS} epochs")
 
-    async def _claimant(self, v: Version, epoch: int) -> Claimant | None:
-        raw = await self._get(v, self._key(v, str(epoch)))
+    async def _claimant(self, v: Version, epoch: int, *, direct: bool = False) -> Claimant | None:
+        raw = await self._get(v, self._key(v, str(epoch)), direct=direct)
         return None if raw is None else Claimant.parse(raw)
 
-    async def _get(self, v: Version, key: str) -> bytes | None:
-        return await self._send(v, lambda: self._bucket.get_small(v.bucket, key))
+    async def _get(self, v: Version, key: str, *, direct: bool = False) -> bytes | None:
+        return await self._send(v, lambda: self._bucket.get_small(v.bucket, key), direct=direct)
 
     async def _put_if_absent(self, v: Version, key: str, body: bytes) -> bool:
         return await self._send(v, lambda: self._bucket.put_if_absent(v.bucket, key, body))
@@ -209,11 +212,12 @@ class Claims:
         """Record that ``v`` is uploaded (idempotent)."""
         await self._put_if_absent(v, self._key(v, "done"), b"{}")
 
-    async def look(self, v: Version) -> tuple[bool, set[Version]]:
+    async def look(self, v: Version, *, direct: bool = False) -> tuple[bool, set[Version]]:
         """One listing of the claims of ``v``'s key: whether a newer version is on its way
-        (``newer_on_its_way``), and every version claimed (``claimed``)."""
-        names = await self._names(v)
-        return await self._on_its_way(v, names), set(names)
+        (``newer_on_its_way``), and every version claimed (``claimed``). ``direct``: not
+        through the request gate (``_send``)."""
+        names = await self._names(v, direct=direct)
+        return await self._on_its_way(v, names, direct=direct), set(names)
 
     async def newer_on_its_way(self, v: Version) -> bool:
         """Whether a version of ``v``'s key newer than ``v`` is in the bucket or on its way
@@ -228,24 +232,29 @@ class Claims:
         """Every version of ``v``'s key claimed so far, by any writer or taker-over."""
         return set(await self._names(v))
 
-    async def _names(self, v: Version) -> dict[Version, set[str]]:
+    async def _names(self, v: Version, *, direct: bool = False) -> dict[Version, set[str]]:
         """The versions claimed of ``v``'s key, each with its claims' suffixes (epochs and
         ``done``)."""
         prefix = key_prefix(self._prefix, v.key)
         found: dict[Version, set[str]] = {}
-        for name in await self._send(v, lambda: self._bucket.list_keys(v.bucket, prefix)):
+        listing = await self._send(
+            v, lambda: self._bucket.list_keys(v.bucket, prefix), direct=direct
+        )
+        for name in listing:
             parsed = _parse_name(v.bucket, v.key, name[len(prefix) :])
             if parsed is not None:
                 found.setdefault(parsed[0], set()).add(parsed[1])
         return found
 
-    async def _on_its_way(self, v: Version, names: dict[Version, set[str]]) -> bool:
+    async def _on_its_way(
+        self, v: Version, names: dict[Version, set[str]], *, direct: bool = False
+    ) -> bool:
         for other, suffixes in names.items():
             if not other.is_newer_than(v):
                 continue
             if "done" in suffixes:
                 return True
-            holder = await self._claimant(other, max(int(n) for n in suffixes))
+            holder = await self._claimant(other, max(int(n) for n in suffixes), direct=direct)
             if holder is not None and not self._is_lost(
                 holder.node_id, holder.datadir_id, holder.started_s
             ):

@@ -47,6 +47,30 @@ def parent_dir(key: str) -> str:
 SendChange = Callable[[str, DirChange, float], Awaitable[None]]
 
 
+class ChangeTimes:
+    """When each directory last changed (this node's monotonic clock), for the last
+    ``MAX_CHANGES`` directories; past it the older half is forgotten and counts as a
+    change of every directory then (``floor_s``)."""
+
+    def __init__(self) -> None:
+        self.floor_s = float("-inf")
+        self._at: dict[Dir, float] = {}  # (insertion order: oldest first)
+
+    def note(self, ident: Dir, now_s: float) -> None:
+        at = self._at
+        at.pop(ident, None)
+        at[ident] = now_s
+        if len(at) > MAX_CHANGES:
+            for old in list(at)[: MAX_CHANGES // 2]:
+                self.floor_s = max(self.floor_s, at.pop(old))
+
+    def since(self, ident: Dir) -> float:
+        return max(self.floor_s, self._at.get(ident, float("-inf")))
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+
 @dataclass(slots=True)
 class _Holder:
     node_id: str
@@ -98,6 +122,8 @@ class LocalDirectory:
         # ask this node on each read instead of trusting a copy it cannot keep current).
         self._refused: dict[str, float] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._taking_over: dict[Dir, int] = {}  # takeover uploads on their way, per dir
+        self._taken_over = ChangeTimes()  # when the last one of each dir ended
 
     # -- leases -----------------------------------------------------------------------------
 
@@ -148,6 +174,32 @@ class LocalDirectory:
             yield WriteIntent(self, ident, entry)
         finally:
             entry.writers -= 1
+
+    @contextlib.asynccontextmanager
+    async def taking_over(self, bucket: str, key: str) -> AsyncIterator[None]:
+        """Around a takeover's upload of ``key`` (a lost writer's version, from its
+        replica): announced as a write is, so that the peers holding a lease check their
+        copies of the key while it lasts and once more after its withdrawal; and this
+        node's own copies there count as changed (``taken_over_since``)."""
+        ident = (bucket, parent_dir(key))
+        self._taking_over[ident] = self._taking_over.get(ident, 0) + 1
+        try:
+            async with self.writing(bucket, key) as intent:
+                await intent.ready()
+                yield
+        finally:
+            left = self._taking_over.pop(ident) - 1
+            if left:
+                self._taking_over[ident] = left
+            self._taken_over.note(ident, self._clock.monotonic())
+
+    def taken_over_since(self, ident: Dir) -> float:
+        """The last moment this node's takeover may have changed the bucket under
+        ``ident`` (now, while one is on its way): its own copies there checked before
+        may be stale (``core/freshness.py``)."""
+        if ident in self._taking_over:
+            return self._clock.monotonic()
+        return self._taken_over.since(ident)
 
     def restore(self, dirs: Iterable[Dir]) -> None:
         """Before this node grants its first lease: the directories of what it still holds
@@ -286,7 +338,7 @@ class RemoteDirectory:
         # lease gained after a time without (this node's start too), or a snapshot ...
         self.gap_s = float("-inf")
         # ... or, per directory, its last announcement or withdrawal.
-        self.changed_s: dict[Dir, float] = {}
+        self.changes = ChangeTimes()
 
     def request(
         self, me: NodeInfo, port: int, shares: tuple[tuple[str, float], ...] = ()
@@ -316,7 +368,7 @@ class RemoteDirectory:
         if change.incarnation != self.incarnation:
             self._reset(change.incarnation)
         ident = (change.bucket, change.prefix)
-        self._note_change(ident, now_s)
+        self.changes.note(ident, now_s)
         if change.added:
             self.dirs[ident] = max(self.dirs.get(ident, 0), change.version)
         elif self.dirs.get(ident, change.version) < change.version:
@@ -337,15 +389,7 @@ class RemoteDirectory:
         """The last moment a version the peer holds under ``ident`` may have changed
         unseen by this node: a copy of a key there that this node checked against the
         bucket before it may be out of date (``core/freshness.py``)."""
-        return max(self.gap_s, self.changed_s.get(ident, float("-inf")))
-
-    def _note_change(self, ident: Dir, now_s: float) -> None:
-        changed = self.changed_s
-        changed.pop(ident, None)
-        changed[ident] = now_s  # (insertion order: oldest first)
-        if len(changed) > MAX_CHANGES:
-            for old in list(changed)[: MAX_CHANGES // 2]:
-                self.gap_s = max(self.gap_s, changed.pop(old))
+        return max(self.gap_s, self.changes.since(ident))
 
     def lists_key(self, bucket: str, key: str) -> bool:
         return (bucket, parent_dir(key)) in self.dirs

@@ -216,7 +216,8 @@ class Fleet:
     def copies_stale_since(self, bucket: str, key: str) -> float:
         ident = (bucket, parent_dir(key))
         members = self.membership.members.values()
-        return max((m.remote.stale_since(ident) for m in members), default=float("-inf"))
+        peers_s = max((m.remote.stale_since(ident) for m in members), default=float("-inf"))
+        return max(peers_s, self.directory.taken_over_since(ident))
 
     def prefix_candidates(self, bucket: str, prefix: str) -> Sequence[str]:
         now_s = self._clock.monotonic()

@@ -15,17 +15,21 @@ Loop-bound; blocking file work in threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import io
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
+from gateway.errors import S3Error
 from gateway.fleet.claims import Claims, Outcome, SendGate, Version
 from gateway.fleet.membership import Membership
+from gateway.fleet.standing import Look, Standing, standing, version_of
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
 from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest, NodeInfo
 from gateway.models import LocalObject, ObjectMeta
@@ -39,12 +43,22 @@ T = TypeVar("T")
 _ROUND_S = 1.0  # how often lost writers are looked for (and held replicas counted)
 _NEEDED_EVERY_S = 30.0  # how often a live writer is asked which replicas it still needs
 _STAGED_TTL_S = 24 * 3600.0  # a staged body never committed is dropped after this
-# A version is older than what the bucket holds when the bucket's copy was written this
-# long after the version's acknowledgement (the clocks of the bucket and the writer differ).
-_NEWER_MARGIN_S = 2.0
+# How long a replica's standing is trusted by reads (``is_servable``), and how many kept.
+_SERVABLE_TTL_S = 1.0
+_SERVABLE_MAX = 10_000
 # Versions taken over at once by one node (each a claim, a look and an upload; the request
 # gate, when there is one, bounds what is in flight and paces it with the node's own).
 _CONCURRENCY = 128
+
+
+# Around one takeover upload (``LocalDirectory.taking_over``): the key's directory
+# announced to the peers, so that their copies of the key are checked again after it.
+TakingOver = Callable[[str, str], AbstractAsyncContextManager[None]]
+
+
+@contextlib.asynccontextmanager
+async def _nothing_announced(bucket: str, key: str) -> AsyncIterator[None]:
+    yield
 
 
 class Decision(enum.Enum):
@@ -134,6 +148,7 @@ class Takeover:
         config: TakeoverConfig,
         held_bytes: Callable[[], int],
         wait_fleet_drained: Callable[[str, str, str], Awaitable[bool]] | None = None,
+        taking_over: TakingOver = _nothing_announced,
     ) -> None:
         self._me = me
         self._membership = membership
@@ -156,6 +171,8 @@ class Takeover:
         self.held: list[dict[str, object]] = []
         # The flusher's request gate (``use_gate``, once the composition root built it).
         self.gate: SendGate | None = None
+        self._servable: dict[tuple[str, str, int], tuple[float, bool]] = {}
+        self._taking_over = taking_over
 
     def use_gate(self, gate: SendGate) -> None:
         """Send the uploads taken over, and every claim's requests (this node's own
@@ -354,22 +371,15 @@ class Takeover:
                 )
 
     async def _take_one(self, replica: Replica) -> None:
-        version = Version(
-            replica.meta.bucket,
-            replica.meta.key,
-            replica.acked_s,
-            replica.owner,
-            replica.datadir_id,
-            replica.seq,
-            "" if replica.is_delete else replica.meta.etag,
-        )
+        version = version_of(replica)
         try:
             claim = await self._claims.claim(version)
             if claim.outcome is Outcome.HELD:
                 return
             if claim.outcome is Outcome.WON:
                 self._unfinished.add(replica.version)
-                await self._upload(replica, version)
+                async with self._taking_over(replica.meta.bucket, replica.meta.key):
+                    await self._upload(replica)
                 await self._claims.done(version)  # also when not sent: nothing left to do
                 self._unfinished.discard(replica.version)
                 metrics.TAKEOVERS.inc()
@@ -390,48 +400,64 @@ class Takeover:
             await self._store.drop(replica.owner, replica.datadir_id, [replica.seq])
         )
 
-    async def _upload(self, replica: Replica, version: Version) -> None:
+    async def _upload(self, replica: Replica) -> None:
         """Upload one version unless a newer one was claimed (by its writer or another) or
-        the bucket holds a newer one; guarded by the state read (If-Match /
-        If-None-Match), so a newer version that lands after the look fails the write and
-        is seen at the next look."""
+        the bucket holds a newer one (``standing.py``); guarded by the state read
+        (If-Match / If-None-Match), so a newer version that lands after the look fails
+        the write and is seen at the next look."""
         meta = replica.meta
         for _ in range(3):
-            # Both looks at once: one round trip per version, not two.
-            state, (newer_on_its_way, claimed) = await asyncio.gather(
-                self._through_gate(meta, 0, lambda: self._upstream.state_of(meta.bucket, meta.key)),
-                self._claims.look(version),
-            )
-            if state is not None and state[0] == meta.etag and not replica.is_delete:
-                return  # already there (its writer uploaded it before it was lost)
-            if newer_on_its_way:
-                log.info(
-                    "%s/%s: a newer version is on its way; not taken over", meta.bucket, meta.key
-                )
-                return
-            # A newer version already in the bucket, whoever claimed it: even a claimant
-            # lost to this node (a writer cut off from it, not from the bucket) got it there.
-            if state is not None and any(
-                c.etag == state[0] and c.is_newer_than(version) for c in claimed
-            ):
-                log.info(
-                    "%s/%s: the bucket holds a newer version; not taken over", meta.bucket, meta.key
-                )
-                return
-            # Written by something that does not claim (not a gateway with replicas on):
-            # ordered by the bucket's clock against the acknowledgement.
-            foreign = state is not None and state[0] not in {c.etag for c in claimed}
-            if foreign and state is not None and state[1] > replica.acked_s + _NEWER_MARGIN_S:
-                log.info(
-                    "%s/%s: the bucket holds a newer version; not taken over", meta.bucket, meta.key
-                )
+            look = await self.look(replica)
+            if look.standing is not Standing.NEWEST:
+                if look.why:
+                    log.info("%s/%s: %s; not taken over", meta.bucket, meta.key, look.why)
                 return
             try:
-                await self._send(replica, None if state is None else state[0])
+                await self._send(replica, look.etag)
                 return
             except ConditionFailed:
                 continue  # the key changed between the read and the write: look again
         raise FlushError(f"{meta.bucket}/{meta.key} keeps changing in the bucket")
+
+    async def look(self, replica: Replica, *, for_read: bool = False) -> Look:
+        """Where ``replica`` stands against the bucket now (``standing.py``): the bucket's
+        state and the key's claims, both at once (one round trip, not two). Through the
+        request gate, paced with this node's uploads; ``for_read``: at once, as a read's
+        requests go (a paused or backlogged flusher must not hold a read)."""
+        meta = replica.meta
+
+        async def state() -> tuple[str, float] | None:
+            return await self._upstream.state_of(meta.bucket, meta.key)
+
+        found, (newer_on_its_way, claimed) = await asyncio.gather(
+            state() if for_read else self._through_gate(meta, 0, state),
+            self._claims.look(version_of(replica), direct=for_read),
+        )
+        return standing(replica, found, newer_on_its_way, claimed)
+
+    async def is_servable(self, replica: Replica) -> bool:
+        """Whether a read may serve ``replica`` as its key's newest version: not superseded
+        (a look at most every ``_SERVABLE_TTL_S`` per version: reads during a loss may ask
+        for the same shard many times)."""
+        now_s = self._clock.monotonic()
+        known = self._servable.get(replica.version)
+        if known is not None and known[0] > now_s:
+            return known[1]
+        try:
+            look = await self.look(replica, for_read=True)
+        except (S3Error, FlushError) as exc:  # the bucket cannot say: served unchecked
+            log.warning(
+                "%s/%s: the replica is served unchecked: %s",
+                replica.meta.bucket,
+                replica.meta.key,
+                exc,
+            )
+            return True
+        servable = look.standing is not Standing.SUPERSEDED
+        self._servable[replica.version] = (now_s + _SERVABLE_TTL_S, servable)
+        while len(self._servable) > _SERVABLE_MAX:
+            del self._servable[next(iter(self._servable))]
+        return servable
 
     async def _send(self, replica: Replica, etag: str | None) -> None:
         meta = replica.meta

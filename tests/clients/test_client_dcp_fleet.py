@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from dcp_fleet_worker import state
-from fleetutil import fleet_of, until, wait_joined
+from fleetutil import fleet_of, running, until
 from harness import REPO_ROOT, free_port, upstream_objects
 from test_client_torch_dcp import storage_options
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
@@ -26,15 +26,8 @@ NAMES = ("a", "b", "c")
 
 @pytest.fixture
 def fleet(moto_server: str, tmp_path: Any) -> Iterator[list[Any]]:
-    gateways = fleet_of(tmp_path, moto_server, NAMES)
-    try:
-        for gw in gateways:
-            gw.start()
-        wait_joined(gateways, NAMES)
+    with running(fleet_of(tmp_path, moto_server, NAMES), NAMES) as gateways:
         yield gateways
-    finally:
-        for gw in gateways:
-            gw.stop()
 
 
 def _save(a: Any, b: Any, path: str) -> None:

@@ -44,15 +44,8 @@ NAMES = ("a", "b", "c")
 
 @pytest.fixture(scope="module")
 def fleet(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
-    gateways = fleet_of(tmp_path_factory.mktemp("fleet"), moto_server, NAMES)
-    try:
-        for gw in gateways:
-            gw.start()
-        wait_joined(gateways, NAMES)
+    with running(fleet_of(tmp_path_factory.mktemp("fleet"), moto_server, NAMES), NAMES) as gateways:
         yield gateways
-    finally:
-        for gw in gateways:
-            gw.stop()
 
 
 def _peer_url(gw: GatewayProcess, op: str, query: str = "") -> str:

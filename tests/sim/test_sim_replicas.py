@@ -361,10 +361,16 @@ def test_two_replicas_survive_two_nodes_lost_at_once(chunk: int) -> None:
             raise AssertionError(f"seed {seed}: {exc}") from None
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_long_runs_with_takeovers(seed: int) -> None:
-    figures = _run(scenario(seed, n=3 + seed % 2, steps=30, partitions=seed % 2 == 1))
-    assert figures["taken over"] > 0 and figures["steps_marked"] > 0
+def test_long_runs_with_takeovers() -> None:
+    """Six long runs: every promise checked in each; and takeovers happen in them (a run
+    whose faults happened to hit no node holding anything unflushed takes over nothing:
+    the count is over all six)."""
+    taken = 0
+    for seed in range(6):
+        figures = _run(scenario(seed, n=3 + seed % 2, steps=30, partitions=seed % 2 == 1))
+        assert figures["steps_marked"] > 0, seed
+        taken += figures["taken over"]
+    assert taken > 0
 
 
 async def _marker_after_a_wipe() -> list[str]:

@@ -67,7 +67,7 @@ def test_a_copy_forgets_old_changes_as_a_change_of_every_directory() -> None:
     copy = RemoteDirectory("b")
     for i in range(MAX_CHANGES + 1):
         copy.apply_change(change(i + 1, f"d{i}/", True), float(i))
-    assert len(copy.changed_s) <= MAX_CHANGES
+    assert len(copy.changes) <= MAX_CHANGES
     assert copy.stale_since(("bkt", "never/")) == float(MAX_CHANGES // 2 - 1)
     assert copy.stale_since(("bkt", f"d{MAX_CHANGES}/")) == float(MAX_CHANGES)
 
@@ -163,3 +163,40 @@ def test_a_directory_is_withdrawn_only_when_empty_unwritten_and_quiet() -> None:
         assert local.version == 2  # announced at 1, withdrawn at 2
 
     asyncio.run(scenario())
+
+
+async def test_a_takeover_upload_is_announced_and_changes_this_nodes_copies() -> None:
+    """Around a takeover's upload: the directory is announced to the lease holders (their
+    copies are checked while it lasts and after its withdrawal), and this node's own copies
+    there count as changed: always, while it lasts; from its end, after."""
+    clock = FakeClock()
+    sent: list[DirChange] = []
+
+    async def send(address: str, change: DirChange, timeout_s: float) -> None:
+        sent.append(change)
+
+    local = LocalDirectory(B, clock, send, lease_s=3.0)
+    local.grant(LeaseRequest(M, 9000, 0, None), "10.0.0.2:9000")
+    assert local.taken_over_since(("bkt", "t/")) == float("-inf")
+    async with local.taking_over("bkt", "t/k"):
+        assert [c.prefix for c in sent] == ["t/"] and local.announced() == [("bkt", "t/")]
+        clock.advance(5.0)
+        assert local.taken_over_since(("bkt", "t/")) == clock.monotonic()
+    ended_s = clock.monotonic()
+    clock.advance(1.0)
+    assert local.taken_over_since(("bkt", "t/")) == ended_s
+    assert local.taken_over_since(("bkt", "other/")) == float("-inf")
+    local.tick(lambda b, p: False)
+    clock.advance(WITHDRAW_AFTER_S)
+    local.tick(lambda b, p: False)
+    assert local.announced() == []  # withdrawn: the holders note the change
+
+
+def test_a_restarted_node_grants_its_unflushed_directories_in_its_first_snapshot() -> None:
+    local = LocalDirectory(B, FakeClock(), lambda *a: asyncio.sleep(0), lease_s=3.0)
+    local.restore([("bkt", "ckpt/1/"), ("bkt", "ckpt/2/"), ("bkt", "ckpt/1/")])
+    grant = local.grant(LeaseRequest(M, 9000, 0, None), "10.0.0.2:9000")
+    assert grant.snapshot is not None and sorted(grant.snapshot) == [
+        ("bkt", "ckpt/1/"),
+        ("bkt", "ckpt/2/"),
+    ]
