@@ -43,7 +43,7 @@ from gateway.errors import (
     NotModified,
     PreconditionFailed,
 )
-from gateway.fleet.view import FleetView, PeerError
+from gateway.fleet.view import FleetView
 from gateway.models import LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore, WrittenBlob
 from gateway.store.journal import Journal
@@ -207,21 +207,9 @@ class CopyService:
         is copied from there, as the bucket's would be (docs/fleet.md); None otherwise."""
         if self._fleet is None:
             return None
-        nodes = self._fleet.candidates(req.source_bucket, req.source_key)
-        source = await peers.newest_source(
-            self._fleet, nodes, req.source_bucket, req.source_key, local
+        found = await peers.read_newest(
+            self._fleet, req.source_bucket, req.source_key, local, "GET", {}
         )
-        if source is None:
-            return None
-        node, replica = source
-        bucket, key = req.source_bucket, req.source_key
-        try:
-            found = await self._fleet.read(node, bucket, key, "GET", {}, replica=replica)
-        except PeerError as exc:
-            peers.raise_peer_error(exc)  # a delete there: NoSuchKey
-        if found is None and not replica and not peers.is_unflushed(local):
-            # It did not answer: a replica of what it holds may (--replicas), as for reads.
-            found = await peers.read_replica(self._fleet, bucket, key, "GET", {})
         if found is None:
             return None
         try:
@@ -288,6 +276,11 @@ class CopyService:
         blob: WrittenBlob | None = None
         for _ in range(_ATTEMPTS):
             local = await self._fresh.get(req.source_bucket, req.source_key)
+            found, blob = await self._part_from_peer(req, local, algorithms)
+            if blob is not None:
+                break
+            if found:
+                continue  # the peer's version changed between the two reads: look again
             if local is None:
                 blob = await self._part_from_upstream(req, algorithms)
                 break
@@ -331,6 +324,45 @@ class CopyService:
         await self._blobs.discard(replaced)
         self._multipart.part_stored(upload, part)  # the early upstream upload sends it too
         return part
+
+    async def _part_from_peer(
+        self, req: UploadPartCopyRequest, local: LocalObject | None, algorithms: set[str]
+    ) -> tuple[bool, WrittenBlob | None]:
+        """In a fleet: the part's bytes from a source another node holds unflushed (or a
+        lost writer's replica), as from the bucket: a HEAD for the conditions and the
+        range, then a ranged GET pinned to that version (If-Match). (False, None): this
+        node's row or the bucket has the source; (True, None): the peer's version changed
+        between the two (look again)."""
+        if self._fleet is None:
+            return False, None
+        bucket, key = req.source_bucket, req.source_key
+        head = await peers.read_newest(self._fleet, bucket, key, local, "HEAD", {})
+        if head is None:
+            return False, None
+        await head.aclose()
+        source = head.head.meta
+        check_source(req.conditions, source)
+        first, length = self._part_range(req.byte_range, source.size_bytes)
+        if length == 0:
+            return True, await self._blobs.write(_nothing(), algorithms)
+        pinned = {"Range": f"bytes={first}-{first + length - 1}", "If-Match": f'"{source.etag}"'}
+        try:
+            found = await peers.read_newest(self._fleet, bucket, key, local, "GET", pinned)
+        except (PreconditionFailed, NoSuchKey):
+            return True, None
+        if found is None:
+            return True, None
+        try:
+            assert found.body is not None  # a GET's answer has one
+            blob = await self._blobs.write(
+                bytes_only(found.body), algorithms, max_bytes=self._max_part_bytes
+            )
+        finally:
+            await found.aclose()
+        if blob.size_bytes != length:
+            await self._blobs.discard([blob.blob_id])
+            raise IncompleteBody("The copy source was cut short by the node holding it.")
+        return True, blob
 
     async def _part_from_upstream(
         self, req: UploadPartCopyRequest, algorithms: set[str]

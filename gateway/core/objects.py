@@ -40,7 +40,7 @@ from gateway.core.writes import (
     replicas_aborted,
 )
 from gateway.errors import InternalError, InvalidRange, NoSuchKey, NotModified
-from gateway.fleet.view import FleetView, Holder, PeerError, PeerHead, ReplicaWriter
+from gateway.fleet.view import FleetView, Holder, PeerHead, ReplicaWriter
 from gateway.models import FlushState, LocalObject, ObjectMeta, PutRequest, RequestBody
 from gateway.store.blobs import BlobStore, Ingested
 from gateway.store.integrity import body_digests, check_bytes
@@ -285,40 +285,15 @@ class ObjectService:
     async def _from_peer(
         self, bucket: str, key: str, read: ReadOptions, local: LocalObject | None, method: str
     ) -> ObjectBody | None:
-        """The read answered by the peer holding the newest unflushed version of ``key``,
-        or None when this node's row or the bucket has the version to serve."""
+        """The read answered by the peer holding the newest unflushed version of ``key``
+        (or a lost writer's replica), or None when this node's row or the bucket has the
+        version to serve."""
         if self._fleet is None:
             return None
         headers = peers.forward_headers(read)
-        nodes = self._fleet.candidates(bucket, key)
-        if not nodes and not peers.is_unflushed(local):
-            # A writer that cannot answer may hold it: its replicas can (--replicas).
-            return await self._from_replicas(bucket, key, method, headers)
-        source = await peers.newest_source(self._fleet, nodes, bucket, key, local)
-        if source is None:
-            return None
-        node, replica = source
-        try:
-            found = await self._fleet.read(
-                node, bucket, key, method, headers, replica=replica, zero_copy=True
-            )
-        except PeerError as exc:
-            peers.raise_peer_error(exc)
-        if found is None:
-            # Not held there, or it did not answer: its replicas may (--replicas).
-            return (
-                None
-                if peers.is_unflushed(local) or replica
-                else await self._from_replicas(bucket, key, method, headers)
-            )
-        metrics.PEER_READS.inc()
-        return peers.as_body(found)
-
-    async def _from_replicas(
-        self, bucket: str, key: str, method: str, headers: Mapping[str, str]
-    ) -> ObjectBody | None:
-        assert self._fleet is not None
-        found = await peers.read_replica(self._fleet, bucket, key, method, headers, zero_copy=True)
+        found = await peers.read_newest(
+            self._fleet, bucket, key, local, method, headers, zero_copy=True
+        )
         if found is None:
             return None
         metrics.PEER_READS.inc()

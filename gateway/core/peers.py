@@ -68,6 +68,40 @@ async def newest_version(
     return best, any(best is h for h in replicas)
 
 
+async def read_newest(
+    fleet: FleetView,
+    bucket: str,
+    key: str,
+    local: LocalObject | None,
+    method: str,
+    headers: Mapping[str, str],
+    *,
+    zero_copy: bool = False,
+) -> PeerRead | None:
+    """``key`` read (GET or HEAD, ``headers`` forwarded) from the peer holding its newest
+    unflushed version, or from a replica of a writer that cannot answer; None when this
+    node's row ``local`` or the bucket has the version to serve. S3 errors of that version
+    (a delete's 404, a failed precondition) raised. The caller MUST ``aclose`` it."""
+    nodes = fleet.candidates(bucket, key)
+    if not nodes and not is_unflushed(local):
+        # A writer that cannot answer may hold it: its replicas can (--replicas).
+        return await read_replica(fleet, bucket, key, method, headers, zero_copy=zero_copy)
+    source = await newest_source(fleet, nodes, bucket, key, local)
+    if source is None:
+        return None
+    node, replica = source
+    try:
+        found = await fleet.read(
+            node, bucket, key, method, headers, replica=replica, zero_copy=zero_copy
+        )
+    except PeerError as exc:
+        raise_peer_error(exc)
+    if found is None and not replica and not is_unflushed(local):
+        # Not held there, or it did not answer: its replicas may (--replicas).
+        return await read_replica(fleet, bucket, key, method, headers, zero_copy=zero_copy)
+    return found
+
+
 async def read_replica(
     fleet: FleetView,
     bucket: str,

@@ -265,6 +265,55 @@ def test_a_copy_on_one_node_of_what_another_holds(fleet: list[Any], bucket: str)
     assert upstream_objects(fleet_upstream(a), bucket)["cp/dst"]["ETag"] == quoted_md5(data)
 
 
+def test_a_part_copied_on_one_node_from_what_another_holds(fleet: list[Any], bucket: str) -> None:
+    """UploadPartCopy through a of a source b holds unflushed (and has overwritten a
+    flushed version of): the part is b's bytes, its range and conditions checked against
+    b's version. a read its own copy or the bucket's older version before."""
+    a, b, _ = fleet
+    old, data = payload(70_000, "part-old"), payload(300_000, "part-src")
+    b.client().put_object(Bucket=bucket, Key="pc/src", Body=old)
+    b.drained(bucket=bucket)
+    s3 = a.client()
+    assert read_body(s3.get_object(Bucket=bucket, Key="pc/src")) == old  # a's copy of it
+    with b.flush_paused():
+        b.client().put_object(Bucket=bucket, Key="pc/src", Body=data)
+        b.client().delete_object(Bucket=bucket, Key="pc/gone")
+        upload = s3.create_multipart_upload(Bucket=bucket, Key="pc/dst")["UploadId"]
+        source = {"Bucket": bucket, "Key": "pc/src"}
+        first = s3.upload_part_copy(
+            Bucket=bucket, Key="pc/dst", UploadId=upload, PartNumber=1, CopySource=source,
+            CopySourceRange="bytes=100000-299999", CopySourceIfMatch=quoted_md5(data),
+        )  # fmt: skip
+        assert first["CopyPartResult"]["ETag"] == quoted_md5(data[100_000:])
+        whole = s3.upload_part_copy(
+            Bucket=bucket, Key="pc/dst", UploadId=upload, PartNumber=2, CopySource=source
+        )
+        assert whole["CopyPartResult"]["ETag"] == quoted_md5(data)
+        with pytest.raises(ClientError) as beyond:  # b's size, not the older version's
+            s3.upload_part_copy(
+                Bucket=bucket, Key="pc/dst", UploadId=upload, PartNumber=3, CopySource=source,
+                CopySourceRange="bytes=250000-300000",
+            )  # fmt: skip
+        assert error_code(beyond.value) == "InvalidArgument"
+        with pytest.raises(ClientError) as failed:
+            s3.upload_part_copy(
+                Bucket=bucket, Key="pc/dst", UploadId=upload, PartNumber=3, CopySource=source,
+                CopySourceIfMatch=quoted_md5(old),
+            )  # fmt: skip
+        assert error_code(failed.value) == "PreconditionFailed"
+        with pytest.raises(ClientError) as gone:  # deleted through b, not flushed yet
+            s3.upload_part_copy(
+                Bucket=bucket, Key="pc/dst", UploadId=upload, PartNumber=3,
+                CopySource={"Bucket": bucket, "Key": "pc/gone"},
+            )  # fmt: skip
+        assert error_code(gone.value) == "NoSuchKey"
+        parts = [{"PartNumber": 1, "ETag": first["CopyPartResult"]["ETag"]}]
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key="pc/dst", UploadId=upload, MultipartUpload={"Parts": parts}
+        )
+        assert read_body(s3.get_object(Bucket=bucket, Key="pc/dst")) == data[100_000:]
+
+
 def test_conditional_writes_see_what_peers_hold(fleet: list[Any], bucket: str) -> None:
     a, b, _ = fleet
     with b.flush_paused():
