@@ -161,10 +161,11 @@ class CopyService:
         if is_self and req.replace is None and not req.is_changing_attributes:
             raise InvalidRequest(SELF_COPY_MESSAGE)
         for _ in range(_ATTEMPTS):
-            local = await self._fresh.get(req.source_bucket, req.source_key)
-            from_peer = await self._copy_from_peer(req, local)
+            row = await self._journal.get(req.source_bucket, req.source_key)
+            from_peer = await self._copy_from_peer(req, row)
             if from_peer is not None:
                 return from_peer
+            local = await self._fresh.after_peers(row)  # checked after the peers
             if local is None:
                 return await self._copy_from_upstream(req)
             _require_version(local, req.source_key)
@@ -275,12 +276,13 @@ class CopyService:
         algorithms = {"md5", *extra}
         blob: WrittenBlob | None = None
         for _ in range(_ATTEMPTS):
-            local = await self._fresh.get(req.source_bucket, req.source_key)
-            found, blob = await self._part_from_peer(req, local, algorithms)
+            row = await self._journal.get(req.source_bucket, req.source_key)
+            found, blob = await self._part_from_peer(req, row, algorithms)
             if blob is not None:
                 break
             if found:
                 continue  # the peer's version changed between the two reads: look again
+            local = await self._fresh.after_peers(row)  # checked after the peers
             if local is None:
                 blob = await self._part_from_upstream(req, algorithms)
                 break

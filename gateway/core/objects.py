@@ -185,8 +185,9 @@ class ObjectService:
         """
         if cond.is_empty:
             return None
-        local = await self._fresh.get(bucket, key)
-        peer = await self._peer_version(bucket, key, local)
+        row = await self._journal.get(bucket, key)
+        peer = await self._peer_version(bucket, key, row)
+        local = None if peer is not None else await self._fresh.after_peers(row)
         if peer is not None:
             seen = None if peer.is_delete else peer.meta.etag
         elif local is not None:
@@ -218,8 +219,7 @@ class ObjectService:
     async def head_object(self, bucket: str, key: str, read: ReadOptions = _WHOLE) -> ObjectHead:
         validate_key(key)
         await self._buckets.require(bucket)
-        local = await self._fresh.get(bucket, key)
-        peer = await self._from_peer(bucket, key, read, local, "HEAD")
+        peer, local = await self._peer_or_local(bucket, key, read, "HEAD")
         if peer is not None:
             await peer.source.aclose()
             return peer.head
@@ -241,8 +241,7 @@ class ObjectService:
         validate_key(key)
         await self._buckets.require(bucket)
         for _ in range(3):
-            local = await self._fresh.get(bucket, key)
-            body = await self._from_peer(bucket, key, read, local, "GET")
+            body, local = await self._peer_or_local(bucket, key, read, "GET")
             if body is None and local is None:
                 body = await self._upstream_get(bucket, key, read)
                 # None: the fill ended as we joined it: its copy is local now
@@ -281,6 +280,18 @@ class ObjectService:
         if reason is None and short is None:
             return head
         return dataclasses.replace(head, held_by=reason, replicas=short)
+
+    async def _peer_or_local(
+        self, bucket: str, key: str, read: ReadOptions, method: str
+    ) -> tuple[ObjectBody | None, LocalObject | None]:
+        """A peer's answer (the newest unflushed version is there), else this node's row
+        (None: the bucket's version is the one): the peers first, then a copy here
+        checked (``FreshRows.after_peers``)."""
+        row = await self._journal.get(bucket, key)
+        body = await self._from_peer(bucket, key, read, row, method)
+        if body is not None:
+            return body, None
+        return None, await self._fresh.after_peers(row)
 
     async def _from_peer(
         self, bucket: str, key: str, read: ReadOptions, local: LocalObject | None, method: str

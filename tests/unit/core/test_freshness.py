@@ -1,18 +1,24 @@
 """Copies of flushed versions in a fleet (core/freshness.py): checked against the bucket
-once another node may have written their key, dropped when stale, trusted in between."""
+once another node may have written their key, dropped when stale, trusted in between;
+and checked after the peers were asked (core/objects.py)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 from fakes import FakeUpstream
 
 from gateway.clock import FakeClock
+from gateway.core.buckets import BucketService
 from gateway.core.freshness import FreshRows
-from gateway.errors import ServiceUnavailable
+from gateway.core.objects import ObjectService
+from gateway.errors import NoSuchKey, ServiceUnavailable
 from gateway.models import ObjectMeta
+from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 
 BUCKET = "ckpt"
@@ -124,3 +130,47 @@ async def test_in_an_outage_the_copy_is_served_unchecked_and_checked_later(
 async def test_alone_a_copy_is_never_checked(journal: Journal) -> None:
     c = await _case(journal, copy=b"one", bucket=None, alone=True)
     assert await c.rows.get(BUCKET, KEY) is not None and c.upstream.heads == 0
+
+
+class _FlushingPeer(_Fleet):
+    """One candidate holding a delete of KEY unflushed, which it flushes (the bucket loses
+    KEY) while this node asks it: then it answers that it holds nothing."""
+
+    def __init__(self, upstream: FakeUpstream) -> None:
+        super().__init__()
+        self.holders = ["c"]
+        self.stale_since_s = float("inf")  # a copy is always checked
+        self._upstream = upstream
+
+    def replica_candidates(self, bucket: str, key: str) -> Sequence[str]:
+        return []
+
+    async def read(self, node: str, bucket: str, key: str, *args: object, **kw: object) -> None:
+        await self._upstream.delete_object(bucket, key)
+        self.holders = []
+
+
+async def test_a_read_asks_the_peers_before_it_checks_its_copy(
+    journal: Journal, tmp_path: Path
+) -> None:
+    """The copy here is checked against the bucket after the peers are asked: a version a
+    peer flushes in between is found in the bucket. In the other order the copy was
+    checked first (the bucket still held it), the peer then held nothing, and the copy
+    was served over the delete (found by loadtest/fleet_soak.py)."""
+    upstream = _CountingUpstream()
+    upstream.add_object(BUCKET, KEY, b"one")
+    await _copy(journal, b"one")
+    clock, blobs = FakeClock(), BlobStore(tmp_path / "blobs", fsync=False)
+    blobs.open_store()
+    objects = ObjectService(
+        journal,
+        blobs,
+        upstream,
+        BucketService(journal, blobs, upstream, clock),
+        clock,
+        max_object_bytes=1 << 20,
+        fleet=_FlushingPeer(upstream),  # type: ignore[arg-type]
+    )
+    with pytest.raises(NoSuchKey):
+        await objects.head_object(BUCKET, KEY)
+    assert await journal.get(BUCKET, KEY) is None  # the copy was dropped as stale
