@@ -468,7 +468,7 @@ def _s3_services(
             fresh=fresh,
         ),
         deletes=DeleteService(journal, blobs, buckets, clock, fleet),
-        attributes=ObjectAttributesService(journal, upstream, buckets, fresh),
+        attributes=ObjectAttributesService(journal, upstream, buckets, fresh, fleet),
         credentials=credentials,
         region=settings.upstream_region,
         domain=settings.domain,

@@ -12,10 +12,12 @@ doesn't return the Part element"); the parts count is always given for a multipa
 
 from __future__ import annotations
 
+from gateway.core import peers
 from gateway.core.buckets import BucketService
 from gateway.core.freshness import FreshRows
 from gateway.core.ingest import validate_key
-from gateway.errors import NoSuchKey
+from gateway.errors import NoSuchKey, ServiceUnavailable
+from gateway.fleet.view import AttributesPage, FleetView
 from gateway.models import LocalObject, ObjectAttributes, PartAttributes
 from gateway.store.journal import Journal
 from gateway.upstream.client import Upstream
@@ -23,7 +25,8 @@ from gateway.upstream.client import Upstream
 
 class ObjectAttributesService:
     """Contract: MUST answer from the local row when there is one (read-after-write), and
-    MUST NOT answer for a key whose newest local version is a delete."""
+    MUST NOT answer for a key whose newest local version is a delete. In a fleet, a peer's
+    newer unflushed version (or a lost writer's replica) answers, as for GET and HEAD."""
 
     def __init__(
         self,
@@ -31,18 +34,27 @@ class ObjectAttributesService:
         upstream: Upstream,
         buckets: BucketService,
         fresh: FreshRows | None = None,
+        fleet: FleetView | None = None,
     ) -> None:
         """``fresh``: in a fleet, the rows reads see (copies of flushed versions checked)."""
-        self._rows: Journal | FreshRows = fresh or journal
+        self._journal = journal
+        self._fresh = fresh
         self._upstream = upstream
         self._buckets = buckets
+        self._fleet = fleet
 
     async def get_object_attributes(
         self, bucket: str, key: str, *, max_parts: int, part_number_marker: int
     ) -> ObjectAttributes:
         validate_key(key)
         await self._buckets.require(bucket)
-        local = await self._rows.get(bucket, key)
+        row = await self._journal.get(bucket, key)
+        page = (max_parts, part_number_marker)
+        peer = await self._from_peer(bucket, key, row, page)
+        if peer is not None:
+            return peer
+        # A copy of a flushed version checked after the peers (FreshRows.after_peers).
+        local = row if self._fresh is None else await self._fresh.after_peers(row)
         if local is None:
             return await self._upstream.get_object_attributes(
                 bucket, key, max_parts=max_parts, part_number_marker=part_number_marker
@@ -50,6 +62,26 @@ class ObjectAttributesService:
         if local.is_delete:
             raise NoSuchKey(Key=key)
         return local_attributes(local, max_parts=max_parts, part_number_marker=part_number_marker)
+
+    async def _from_peer(
+        self, bucket: str, key: str, row: LocalObject | None, page: AttributesPage
+    ) -> ObjectAttributes | None:
+        """The attributes of the newest unflushed version a peer (or a lost writer's
+        replica holder) has, if it is newer than this node's row; None otherwise."""
+        if self._fleet is None:
+            return None
+        nodes = self._fleet.candidates(bucket, key)
+        found = await peers.newest_version(self._fleet, nodes, bucket, key, attributes=page)
+        if found is None:
+            return None
+        head = found[0]
+        if peers.is_unflushed(row) and row is not None and row.acked_s >= head.acked_s:
+            return None
+        if head.is_delete:
+            raise NoSuchKey(Key=key)
+        if head.attributes is None:  # a peer of an earlier release: it cannot say
+            raise ServiceUnavailable()
+        return head.attributes
 
 
 def local_attributes(

@@ -17,7 +17,7 @@ from gateway.core.bodies import ChunkSource, NoBody
 from gateway.core.heads import ObjectBody, ObjectHead, ReadOptions
 from gateway.core.ranges import ByteRange
 from gateway.errors import S3Error, upstream_error
-from gateway.fleet.view import FleetView, PeerError, PeerHead, PeerRead
+from gateway.fleet.view import AttributesPage, FleetView, PeerError, PeerHead, PeerRead
 from gateway.models import FlushState, LocalObject
 
 PART_HEADER = "x-gateway-part-number"
@@ -49,7 +49,12 @@ async def newest_source(
 
 
 async def newest_version(
-    fleet: FleetView, nodes: Sequence[str], bucket: str, key: str
+    fleet: FleetView,
+    nodes: Sequence[str],
+    bucket: str,
+    key: str,
+    *,
+    attributes: AttributesPage | None = None,
 ) -> tuple[PeerHead, bool] | None:
     """The newest unflushed version (or delete) of ``key`` the candidates ``nodes`` hold,
     and whether it is a replica. While a member is unreachable, it may be a writer of a
@@ -57,11 +62,15 @@ async def newest_version(
     a candidate: its lease ran out): with replicas, their holders are asked too. Without
     that, a node holding an older unflushed version, or a peer holding one, served it
     until the lost writer's was taken over (found by loadtest/fleet_soak.py)."""
-    heads = await fleet.heads(nodes, bucket, key) if nodes else []
+    heads = await fleet.heads(nodes, bucket, key, attributes=attributes) if nodes else []
     # After the candidates: one that did not answer is unreachable now (none while every
     # member answers: no cost in the usual case).
     holders = fleet.replica_candidates(bucket, key)
-    replicas = await fleet.heads(holders, bucket, key, replica=True) if holders else []
+    replicas = (
+        await fleet.heads(holders, bucket, key, replica=True, attributes=attributes)
+        if holders
+        else []
+    )
     if not heads and not replicas:
         return None
     best = max([*heads, *replicas], key=lambda h: (h.acked_s, h.node_id))

@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.core.attributes import local_attributes
 from gateway.core.objects import ObjectHead
 from gateway.errors import S3Error
 from gateway.fleet import api_replicas
@@ -37,6 +38,7 @@ from gateway.fleet.client import (
     HELD_HEADER,
     PART_HEADER,
     REPLICA_HEADER,
+    encode_attributes,
     encode_error,
     encode_head,
 )
@@ -145,13 +147,31 @@ def _strings(doc: Any, *names: str) -> list[str]:
 
 async def _version(side: PeerSide, doc: Any, request: web.Request) -> Any:
     bucket, key = _strings(doc, "bucket", "key")
+    page = _attributes_page(doc.get("attributes"))
     if doc.get("replica") is True:  # what a writer that cannot answer holds, from here
         row = await api_replicas.newest_replica(side, bucket, key)
     else:
         row = await side.objects.unflushed_row(bucket, key)
     if row is None:
         return {"head": None}
-    return {"head": encode_head(_peer_head(side, row), {})}
+    answer: dict[str, Any] = {"head": encode_head(_peer_head(side, row), {})}
+    if page is not None and not row.is_delete:  # GetObjectAttributes asked on a peer
+        found = local_attributes(row, max_parts=page[0], part_number_marker=page[1])
+        answer["attributes"] = encode_attributes(found)
+    return answer
+
+
+def _attributes_page(doc: Any) -> tuple[int, int] | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise WireError("attributes: expected an object")
+    max_parts, marker = doc.get("max_parts"), doc.get("marker")
+    if not isinstance(max_parts, int) or not 0 <= max_parts <= _MAX_ROWS:
+        raise WireError("attributes.max_parts: expected 0-1000")
+    if not isinstance(marker, int) or marker < 0:
+        raise WireError("attributes.marker: expected a part number")
+    return max_parts, marker
 
 
 async def _supersede(side: PeerSide, doc: Any, request: web.Request) -> Any:

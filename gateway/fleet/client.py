@@ -20,6 +20,7 @@ import yarl
 from gateway.clock import Clock
 from gateway.fleet import auth
 from gateway.fleet.transport import (
+    AttributesPage,
     PeerError,
     PeerHead,
     PeerRead,
@@ -42,7 +43,7 @@ from gateway.fleet.wire import (
     WireError,
     supersede_answers,
 )
-from gateway.models import ObjectMeta
+from gateway.models import ObjectAttributes, ObjectMeta, PartAttributes
 
 HEAD_HEADER = "x-gateway-peer-head"  # base64url JSON of the version a read answers with
 HELD_HEADER = "x-gateway-peer-held"  # "none": the peer holds no unflushed version
@@ -82,6 +83,45 @@ def encode_head(head: PeerHead, extra: Mapping[str, Any]) -> str:
         **extra,
     }
     return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+
+
+def encode_attributes(a: ObjectAttributes) -> dict[str, Any]:
+    """GetObjectAttributes of a version, for the ``version`` op's answer."""
+    return {
+        "etag": a.etag,
+        "size": a.size_bytes,
+        "last_modified_s": a.last_modified_s,
+        "checksums": dict(a.checksums),
+        "storage_class": a.storage_class,
+        "parts_count": a.parts_count,
+        "parts": [[p.part_number, p.size_bytes, p.checksum] for p in a.parts],
+        "marker": a.part_number_marker,
+        "max_parts": a.max_parts,
+        "is_truncated": a.is_truncated,
+    }
+
+
+def decode_attributes(doc: Any) -> ObjectAttributes:
+    """``encode_attributes``'s answer; raises WireError when malformed."""
+    try:
+        count = doc["parts_count"]
+        return ObjectAttributes(
+            str(doc["etag"]),
+            int(doc["size"]),
+            float(doc["last_modified_s"]),
+            {str(k): str(v) for k, v in doc["checksums"].items()},
+            str(doc["storage_class"]),
+            None if count is None else int(count),
+            tuple(
+                PartAttributes(int(n), int(size), None if sum_ is None else str(sum_))
+                for n, size, sum_ in doc["parts"]
+            ),
+            int(doc["marker"]),
+            int(doc["max_parts"]),
+            bool(doc["is_truncated"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise WireError(f"bad attributes: {exc}") from None
 
 
 def encode_error(code: str, message: str, fields: Mapping[str, str]) -> str:
@@ -184,16 +224,29 @@ class PeerClient:
         return _decoded(lambda raw: supersede_answers(raw, len(request.versions)), answer)
 
     async def version(
-        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
+        self,
+        address: str,
+        bucket: str,
+        key: str,
+        timeout_s: float,
+        *,
+        replica: bool = False,
+        attributes: AttributesPage | None = None,
     ) -> PeerHead | None:
         doc: dict[str, Any] = {"bucket": bucket, "key": key}
         if replica:
             doc["replica"] = True
+        if attributes is not None:
+            doc["attributes"] = {"max_parts": attributes[0], "marker": attributes[1]}
         answer = await self._call(address, "version", doc, timeout_s)
         if not isinstance(answer, dict) or answer.get("head") is None:
             return None
         try:
-            return decode_head(str(answer["head"]))[0]
+            head = decode_head(str(answer["head"]))[0]
+            found = answer.get("attributes")
+            if found is None:
+                return head
+            return dataclasses.replace(head, attributes=decode_attributes(found))
         except WireError as exc:
             raise PeerUnavailable(str(exc)) from None
 

@@ -26,7 +26,13 @@ from gateway.fleet.ordering import UploadOrder
 from gateway.fleet.replication import ReplicaPolicy, Replication, ReplicaWrite, rank
 from gateway.fleet.rereplication import Rereplication
 from gateway.fleet.takeover import Takeover, UploadClaims
-from gateway.fleet.transport import PeerHead, PeerRead, PeerTransport, PeerUnavailable
+from gateway.fleet.transport import (
+    AttributesPage,
+    PeerHead,
+    PeerRead,
+    PeerTransport,
+    PeerUnavailable,
+)
 from gateway.fleet.view import HoldHandle
 from gateway.fleet.wire import Dir, DirChange, LeaseGrant, LeaseRequest, NodeInfo, PeerRow
 
@@ -228,20 +234,35 @@ class Fleet:
         ]
 
     async def heads(
-        self, nodes: Sequence[str], bucket: str, key: str, *, replica: bool = False
+        self,
+        nodes: Sequence[str],
+        bucket: str,
+        key: str,
+        *,
+        replica: bool = False,
+        attributes: AttributesPage | None = None,
     ) -> list[PeerHead]:
-        found = await asyncio.gather(*(self._version(n, bucket, key, replica) for n in nodes))
+        found = await asyncio.gather(
+            *(self._version(n, bucket, key, replica, attributes) for n in nodes)
+        )
         return [h for h in found if h is not None]
 
     async def _version(
-        self, node: str, bucket: str, key: str, replica: bool = False
+        self,
+        node: str,
+        bucket: str,
+        key: str,
+        replica: bool = False,
+        attributes: AttributesPage | None = None,
     ) -> PeerHead | None:
         address = self._address(node, replica)
         if address is None:
             return None
+        # Asked only when there is a question about attributes (old transports: no kwarg).
+        extra = {} if attributes is None else {"attributes": attributes}
         try:
             return await self._transport.version(
-                address, bucket, key, self.config.read_timeout_s, replica=replica
+                address, bucket, key, self.config.read_timeout_s, replica=replica, **extra
             )
         except PeerUnavailable as exc:
             self._fell_back(node, f"{bucket}/{key}", exc)

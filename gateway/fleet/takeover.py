@@ -45,6 +45,7 @@ _NEEDED_EVERY_S = 30.0  # how often a live writer is asked which replicas it sti
 _STAGED_TTL_S = 24 * 3600.0  # a staged body never committed is dropped after this
 # How long a replica's standing is trusted by reads (``is_servable``), and how many kept.
 _SERVABLE_TTL_S = 1.0
+_SERVABLE_BUDGET_S = 1.0  # the look's time, within the default --peer-read-timeout (2 s)
 _SERVABLE_MAX = 10_000
 # Versions taken over at once by one node (each a claim, a look and an upload; the request
 # gate, when there is one, bounds what is in flight and paces it with the node's own).
@@ -444,10 +445,13 @@ class Takeover:
         if known is not None and known[0] > now_s:
             return known[1]
         try:
-            look = await self.look(replica, for_read=True)
-        except (S3Error, FlushError) as exc:  # the bucket cannot say: served unchecked
+            # Within a budget: the reader waits for this answer at most its peer read
+            # timeout, and a holder that answers late is left out (a slow bucket would
+            # make the replica unreadable, and an older version served in its place).
+            look = await asyncio.wait_for(self.look(replica, for_read=True), _SERVABLE_BUDGET_S)
+        except (S3Error, FlushError, TimeoutError) as exc:  # served unchecked
             log.warning(
-                "%s/%s: the replica is served unchecked: %s",
+                "%s/%s: the replica is served unchecked (the bucket did not say): %r",
                 replica.meta.bucket,
                 replica.meta.key,
                 exc,

@@ -25,7 +25,10 @@ from gateway.fleet.wire import (
     SupersedeAnswer,
     SupersedeRequest,
 )
-from gateway.models import ObjectMeta
+from gateway.models import ObjectAttributes, ObjectMeta
+
+# A GetObjectAttributes question's page of parts: (max parts, part number marker).
+AttributesPage = tuple[int, int]
 
 
 class PeerUnavailable(Exception):
@@ -42,6 +45,8 @@ class PeerHead:
     state: str
     acked_s: float
     is_delete: bool = False
+    # GetObjectAttributes of the version, when the question asked for them (a delete: None).
+    attributes: ObjectAttributes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +115,18 @@ class PeerTransport(Protocol):
         ...
 
     async def version(
-        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
+        self,
+        address: str,
+        bucket: str,
+        key: str,
+        timeout_s: float,
+        *,
+        replica: bool = False,
+        attributes: AttributesPage | None = None,
     ) -> PeerHead | None:
         """The peer's unflushed version (or delete) of ``key``; None if it holds none
-        (``replica``: the newest replica of it the peer holds for another node)."""
+        (``replica``: the newest replica of it the peer holds for another node;
+        ``attributes``: with its GetObjectAttributes, that page of its parts)."""
         ...
 
     async def read(

@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from gateway.fleet.transport import PeerError, PeerHead, PeerRead, SocketSpan
+from gateway.fleet.transport import AttributesPage, PeerError, PeerHead, PeerRead, SocketSpan
 from gateway.fleet.wire import PeerRow
 from gateway.models import LocalObject, ObjectMeta
 
 __all__ = [
+    "AttributesPage",
     "FleetView",
     "HoldHandle",
     "MarkerHolds",
@@ -118,11 +119,18 @@ class FleetView(Protocol):
         ...
 
     async def heads(
-        self, nodes: Sequence[str], bucket: str, key: str, *, replica: bool = False
+        self,
+        nodes: Sequence[str],
+        bucket: str,
+        key: str,
+        *,
+        replica: bool = False,
+        attributes: AttributesPage | None = None,
     ) -> list[PeerHead]:
         """The unflushed versions ``nodes`` hold of ``key``, asked in parallel; a node that
         does not answer in time is left out (counted and logged as a fallback).
-        ``replica``: the newest replica of it each holds for another node."""
+        ``replica``: the newest replica of it each holds for another node.
+        ``attributes``: each with its GetObjectAttributes (that page of its parts)."""
         ...
 
     async def read(

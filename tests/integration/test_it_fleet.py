@@ -36,6 +36,8 @@ from harness import (
     upstream_client,
     upstream_objects,
 )
+from test_it_object_attributes import ALL, PART
+from test_it_object_attributes import multipart as multipart_with_sums
 
 from gateway.fleet import auth
 
@@ -312,6 +314,39 @@ def test_a_part_copied_on_one_node_from_what_another_holds(fleet: list[Any], buc
             Bucket=bucket, Key="pc/dst", UploadId=upload, MultipartUpload={"Parts": parts}
         )
         assert read_body(s3.get_object(Bucket=bucket, Key="pc/dst")) == data[100_000:]
+
+
+def test_object_attributes_on_one_node_of_what_another_holds(fleet: list[Any], bucket: str) -> None:
+    """GetObjectAttributes through a and c of versions b holds unflushed (over an older
+    one in the bucket): b's ETag, size, checksum and parts, paged as asked; b's delete is
+    NoSuchKey. a and c answered from the bucket (or a 404) before."""
+    a, b, c = fleet
+    b.client().put_object(Bucket=bucket, Key="oa/single", Body=b"old")
+    b.drained(bucket=bucket)
+    with b.flush_paused():
+        body = payload(4096, "oa")
+        put = b.client().put_object(
+            Bucket=bucket, Key="oa/single", Body=body, ChecksumAlgorithm="SHA256"
+        )
+        done, sums = multipart_with_sums(b.client(), bucket, "oa/mpu", [PART, PART, 10])
+        b.client().delete_object(Bucket=bucket, Key="oa/gone")
+        for gw in (a, c):
+            s3 = gw.client()
+            one = s3.get_object_attributes(Bucket=bucket, Key="oa/single", ObjectAttributes=ALL)
+            assert (one["ETag"], one["ObjectSize"]) == (put["ETag"].strip('"'), len(body))
+            assert one["Checksum"]["ChecksumSHA256"] == put["ChecksumSHA256"]
+            paged = s3.get_object_attributes(
+                Bucket=bucket, Key="oa/mpu", ObjectAttributes=ALL, MaxParts=1, PartNumberMarker=1
+            )
+            assert paged["ETag"] == done["ETag"].strip('"') and paged["ObjectSize"] == 2 * PART + 10
+            parts = paged["ObjectParts"]
+            assert parts["TotalPartsCount"] == 3 and parts["IsTruncated"] is True
+            assert [(p["PartNumber"], p["Size"], p["ChecksumSHA256"]) for p in parts["Parts"]] == [
+                (2, PART, sums[1])
+            ]
+            with pytest.raises(ClientError) as gone:
+                s3.get_object_attributes(Bucket=bucket, Key="oa/gone", ObjectAttributes=ALL)
+            assert error_code(gone.value) == "NoSuchKey"
 
 
 def test_conditional_writes_see_what_peers_hold(fleet: list[Any], bucket: str) -> None:

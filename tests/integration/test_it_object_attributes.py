@@ -20,7 +20,7 @@ def _sha256_b64(data: bytes) -> str:
     return base64.b64encode(hashlib.sha256(data).digest()).decode()
 
 
-def _multipart(s3: Any, bucket: str, key: str, sizes: list[int]) -> tuple[Any, list[str]]:
+def multipart(s3: Any, bucket: str, key: str, sizes: list[int]) -> tuple[Any, list[str]]:
     upload = s3.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256")
     parts, sums = [], []
     for number, size in enumerate(sizes, 1):
@@ -74,7 +74,7 @@ def test_object_attributes_multipart_with_part_checksums(
 ) -> None:
     sizes = [PART, PART, 1234]
     with gateway.flush_paused():  # pending: answered from the journal
-        done, sums = _multipart(s3, bucket, "mpu", sizes)
+        done, sums = multipart(s3, bucket, "mpu", sizes)
         pending = s3.get_object_attributes(Bucket=bucket, Key="mpu", ObjectAttributes=ALL)
     gateway.drained(bucket=bucket)
     durable = s3.get_object_attributes(Bucket=bucket, Key="mpu", ObjectAttributes=ALL)
@@ -92,7 +92,7 @@ def test_object_attributes_multipart_with_part_checksums(
 
 
 def test_object_attributes_parts_are_paged(gateway: Any, s3: Any, bucket: str) -> None:
-    _, sums = _multipart(s3, bucket, "paged", [PART, PART, PART, 10])
+    _, sums = multipart(s3, bucket, "paged", [PART, PART, PART, 10])
     first = s3.get_object_attributes(
         Bucket=bucket,
         Key="paged",
