@@ -535,6 +535,34 @@ def test_a_node_back_with_its_disk_is_read_through_the_others_before_it_flushes(
             gw.kill()  # a graceful stop would drain, and wait out the write-back delay
 
 
+def test_a_node_back_with_its_disk_never_uploads_over_a_newer_version(
+    pair: list[Any], bucket: str
+) -> None:
+    """b holds an unflushed version when it is killed; the key is written through a and
+    flushed while b is down (b is nobody's candidate then: a asks it nothing). Back with
+    its disk, b compares its older version with the bucket's and drops it: it went up over
+    a's newer one before (found in the fleet simulator)."""
+    a, b = pair
+    b.pause_flush()
+    b.client().put_object(Bucket=bucket, Key="rn/k", Body=b"older, through b")
+    b.kill()
+    until(lambda: member(a, "b").get("state") == "unreachable", 20)
+    time.sleep(2.5)  # later than the rule's margin for the two clocks (2 s)
+    a.client().put_object(Bucket=bucket, Key="rn/k", Body=b"newer, through a")
+    newer = quoted_md5(b"newer, through a")
+    upstream = fleet_upstream(a)
+    until(lambda: upstream_objects(upstream, bucket).get("rn/k", {}).get("ETag") == newer, 30)
+    # a withdraws its directory: b's flusher then has nobody to ask about the key
+    until(lambda: a.admin_get("/admin/v1/fleet")["announced_directories"] == 0, 20)
+    b.start()  # its flusher runs again (a pause is not kept across a restart)
+    wait_joined([a, b], ("a", "b"))
+    until(lambda: b.status()["pending_objects"] == 0, 30)
+    assert upstream_objects(upstream, bucket)["rn/k"]["ETag"] == newer
+    for gw in (a, b):
+        assert read_body(gw.client().get_object(Bucket=bucket, Key="rn/k")) == b"newer, through a"
+    assert "goes instead" in b.logged("goes instead")
+
+
 def _marker_state(gw: GatewayProcess, bucket: str, key: str) -> tuple[str | None, str | None]:
     return held_by(gw.client().head_object(Bucket=bucket, Key=key))
 

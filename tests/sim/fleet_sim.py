@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from virtual_time import LoopClock
 
 from gateway.core.peers import newest_source
+from gateway.errors import NoSuchKey
 from gateway.fleet.fence import parent_prefix
 from gateway.fleet.membership import StaticPeers
 from gateway.fleet.node import Fleet, FleetConfig
@@ -50,6 +51,7 @@ from gateway.fleet.wire import (
     SupersedeRequest,
     Superseding,
 )
+from gateway.flush.recovered import newer_in_bucket
 from gateway.models import FlushState, LocalObject, ObjectMeta
 from gateway.store.members import MemberRecord
 from gateway.upstream.classify import FlushError
@@ -174,6 +176,11 @@ class SimTransport:
         )
 
 
+async def _at_once(call: Callable[[], Awaitable[T]]) -> T:
+    """A request sent as it is (the simulated flusher has no request gate)."""
+    return await call()
+
+
 # ------------------------------------------------------------------------------ a node's disk
 
 
@@ -271,6 +278,7 @@ class SimNode:
         self.withdrawn: set[int] = set()  # seqs a peer's newer version supersedes
         self.dropped = 0
         me = NodeInfo(name, disk.datadir_id, LoopClock().wall())
+        self.started_s = asyncio.get_running_loop().time()  # the rows' clock (acked_s)
         config = FleetConfig(port=int(address.rpartition(":")[2]), lease_s=lease_s, refresh_s=5.0)
         self.transport = self.transport_class(net, address)
         self.fleet = Fleet(
@@ -427,17 +435,27 @@ class SimNode:
             self.changed.set()
 
     async def _in_order(self, row: Row) -> bool:
-        """The real flusher's step before an upload (fleet/ordering.py): peers drop older
-        versions of the key; False when this one is not to go up (a peer's newer version
-        is durable: dropped; or a peer could not be asked: later)."""
+        """The real flusher's steps before an upload (fleet/ordering.py): peers drop older
+        versions of the key; and a version acknowledged before this start is compared
+        with the bucket's (flush/recovered.py). False when this one is not to go up (a
+        newer version is durable: dropped; or a peer could not be asked: later)."""
         try:
-            if await self.fleet.upload_order.before_upload(row.as_local()):
+            if await self.fleet.upload_order.before_upload(row.as_local()) and not (
+                await newer_in_bucket(row.as_local(), self.started_s, self, _at_once)  # type: ignore[arg-type]
+            ):
                 return row.seq not in self.withdrawn
         except FlushError:
             await asyncio.sleep(1.0)
             return False
         self._drop(row)
         return False
+
+    async def head_object(self, bucket: str, key: str) -> ObjectMeta:
+        """The bucket's HEAD, as ``newer_in_bucket`` asks it (the value stands for the ETag)."""
+        held = self.bucket.objects.get(key)
+        if held is None:
+            raise NoSuchKey(Key=key)
+        return ObjectMeta(BUCKET, key, len(held[0]), held[0], held[1])
 
     def _drop(self, row: Row) -> None:
         if self.disk.pending.get(row.key) is row:

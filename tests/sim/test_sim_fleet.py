@@ -273,3 +273,25 @@ def test_a_node_back_with_its_disk_is_read_through_the_others_before_it_flushes(
         await fleet.close()
 
     run(main())
+
+
+def test_a_node_back_with_its_disk_never_uploads_over_a_newer_version() -> None:
+    """b is down holding an older version of a key that a writes and uploads meanwhile
+    (b is nobody's candidate then); back, b drops its version: it went up over a's."""
+
+    async def main() -> None:
+        fleet = SimFleet(3, seed=21, upload_s=(0.05, 0.1))
+        await fleet.start()
+        fleet.nodes["b"].is_paused = True
+        await fleet.nodes["b"].put("rt/k", "older, through b")
+        fleet.nodes["b"].kill()
+        await asyncio.sleep(10.0)
+        await fleet.nodes["a"].put("rt/k", "newer, through a")
+        await asyncio.sleep(10.0)  # uploaded, and a's directory withdrawn
+        b = await fleet.restart("b")
+        await asyncio.sleep(20.0)
+        assert not b.disk.pending and b.dropped == 1
+        assert [v for _, k, v in fleet.bucket.log if k == "rt/k"] == ["newer, through a"]
+        await fleet.close()
+
+    run(main())

@@ -1,0 +1,65 @@
+"""A version acknowledged before its node's restart, against the bucket's (flush/recovered.py):
+dropped only for another version written well after it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from gateway.errors import NoSuchKey
+from gateway.flush.recovered import NEWER_MARGIN_S, newer_in_bucket
+from gateway.models import FlushState, LocalObject, ObjectMeta
+
+STARTED_S = 1000.0
+
+
+class _Bucket:
+    def __init__(self, there: ObjectMeta | None) -> None:
+        self.there = there
+        self.heads = 0
+
+    async def head_object(self, bucket: str, key: str) -> ObjectMeta:
+        self.heads += 1
+        if self.there is None:
+            raise NoSuchKey(Key=key)
+        return self.there
+
+
+async def _send(call: Callable[[], Awaitable[ObjectMeta | None]]) -> ObjectMeta | None:
+    return await call()
+
+
+def _row(acked_s: float, etag: str = "mine", *, is_delete: bool = False) -> LocalObject:
+    meta = ObjectMeta("b", "k", 1, etag, acked_s)
+    return LocalObject(meta, 1, FlushState.PENDING, "blob", is_delete, acked_s=acked_s)
+
+
+def _there(etag: str, written_s: float) -> ObjectMeta:
+    return ObjectMeta("b", "k", 1, etag, written_s)
+
+
+@pytest.mark.parametrize(
+    ("row", "there", "newer"),
+    [
+        (_row(900.0), None, False),  # nothing there: it goes up
+        (_row(900.0), _there("mine", 950.0), False),  # its own upload, before the crash
+        (_row(900.0), _there("other", 900.0 + NEWER_MARGIN_S + 1), True),
+        (_row(900.0), _there("other", 900.0 + NEWER_MARGIN_S - 1), False),  # within margin
+        (_row(900.0), _there("other", 800.0), False),  # older than it
+        (_row(900.0, "", is_delete=True), _there("other", 990.0), True),  # a newer PUT
+        (_row(900.0, "", is_delete=True), _there("other", 800.0), False),
+    ],
+)
+async def test_a_recovered_version_gives_way_only_to_a_later_one(
+    row: LocalObject, there: ObjectMeta | None, newer: bool
+) -> None:
+    bucket = _Bucket(there)
+    assert await newer_in_bucket(row, STARTED_S, bucket, _send) is newer  # type: ignore[arg-type]
+    assert bucket.heads == 1
+
+
+async def test_a_version_acknowledged_since_the_start_is_not_looked_at() -> None:
+    bucket = _Bucket(_there("other", STARTED_S + 100))
+    assert not await newer_in_bucket(_row(STARTED_S + 1), STARTED_S, bucket, _send)  # type: ignore[arg-type]
+    assert bucket.heads == 0
