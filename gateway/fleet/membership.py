@@ -261,6 +261,8 @@ class Membership:
             if member.has_left:
                 log.info("peers: %s is back at %s", info.node_id, address)
             member.address, member.info, member.has_left = address, info, False
+            if old is not None and old.incarnation != info.incarnation:
+                self._back(member)
             if old is not None and old.datadir_id != info.datadir_id:
                 member.new_datadir_s = self._clock.monotonic()
                 log.warning(
@@ -273,6 +275,19 @@ class Membership:
                     on_new(member, old.datadir_id)
         self._save(member)
         return member
+
+    def _back(self, member: Member) -> None:
+        """A member back from a restart (a new incarnation said so, asking for this node's
+        lease before it serves). Its writes are announced only to the nodes holding a
+        lease from its new incarnation, and this node may hold none yet: having seen it
+        down, it would read without it (found in the fleet simulator: a write acknowledged
+        right after a restart was missed by the others). So it is asked on every read
+        under any directory (reachable or not yet known, its old directory copy not
+        trusted) until a lease from it comes, and one is asked for now."""
+        member.remote.untrust()
+        if member.is_reachable is False:
+            member.is_reachable = None
+        self._renew_in_background(member)
 
     async def renew_all(self) -> None:
         """Start a renewal with every active member that has none in flight (a member that

@@ -43,8 +43,12 @@ T = TypeVar("T")
 _ROUND_S = 1.0  # how often lost writers are looked for (and held replicas counted)
 _NEEDED_EVERY_S = 30.0  # how often a live writer is asked which replicas it still needs
 _STAGED_TTL_S = 24 * 3600.0  # a staged body never committed is dropped after this
-# How long a replica's standing is trusted by reads (``is_servable``), and how many kept.
-_SERVABLE_TTL_S = 1.0
+# How long a replica's standing is trusted by reads (``is_servable``): not superseded,
+# only for the version question and the read that follows it (a newer version flushed
+# just after would otherwise lose to the replica that long); superseded, longer (a newer
+# version does not go away).
+_SERVABLE_TTL_S = 0.25
+_SUPERSEDED_TTL_S = 5.0
 _SERVABLE_BUDGET_S = 1.0  # the look's time, within the default --peer-read-timeout (2 s)
 _SERVABLE_MAX = 10_000
 # Versions taken over at once by one node (each a claim, a look and an upload; the request
@@ -438,8 +442,8 @@ class Takeover:
 
     async def is_servable(self, replica: Replica) -> bool:
         """Whether a read may serve ``replica`` as its key's newest version: not superseded
-        (a look at most every ``_SERVABLE_TTL_S`` per version: reads during a loss may ask
-        for the same shard many times)."""
+        (a look at most every ``_SERVABLE_TTL_S`` per version, ``_SUPERSEDED_TTL_S`` once
+        superseded: a read asks twice, for the version and then the body)."""
         now_s = self._clock.monotonic()
         known = self._servable.get(replica.version)
         if known is not None and known[0] > now_s:
@@ -458,7 +462,8 @@ class Takeover:
             )
             return True
         servable = look.standing is not Standing.SUPERSEDED
-        self._servable[replica.version] = (now_s + _SERVABLE_TTL_S, servable)
+        ttl_s = _SERVABLE_TTL_S if servable else _SUPERSEDED_TTL_S
+        self._servable[replica.version] = (now_s + ttl_s, servable)
         while len(self._servable) > _SERVABLE_MAX:
             del self._servable[next(iter(self._servable))]
         return servable

@@ -295,3 +295,23 @@ def test_a_node_back_with_its_disk_never_uploads_over_a_newer_version() -> None:
         await fleet.close()
 
     run(main())
+
+
+def test_a_write_right_after_a_restart_is_read_through_the_others() -> None:
+    """a is back from a restart and acknowledges a write at once: b and c saw it down and
+    hold no lease from its new incarnation yet, so it told them nothing. They must ask it
+    (it said it is back, asking for their leases), not read the bucket without it."""
+
+    async def main() -> None:
+        fleet = SimFleet(3, seed=17, upload_s=(0.05, 0.1))
+        await fleet.start()
+        fleet.nodes["a"].kill()
+        await asyncio.sleep(5.0)  # b and c find it unreachable
+        a = await fleet.restart("a")
+        a.is_paused = True
+        await a.put("back/k", "written at once")
+        for reader in ("b", "c"):
+            assert await fleet.nodes[reader].read("back/k") == "written at once", reader
+        await fleet.close()
+
+    run(main())
