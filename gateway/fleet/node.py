@@ -258,11 +258,14 @@ class Fleet:
         address = self._address(node, replica)
         if address is None:
             return None
-        # Asked only when there is a question about attributes (old transports: no kwarg).
-        extra = {} if attributes is None else {"attributes": attributes}
         try:
             return await self._transport.version(
-                address, bucket, key, self.config.read_timeout_s, replica=replica, **extra
+                address,
+                bucket,
+                key,
+                self.config.read_timeout_s,
+                replica=replica,
+                attributes=attributes,
             )
         except PeerUnavailable as exc:
             self._fell_back(node, f"{bucket}/{key}", exc)

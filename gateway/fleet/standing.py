@@ -15,11 +15,8 @@ from collections.abc import Set
 from dataclasses import dataclass
 
 from gateway.fleet.claims import Version
+from gateway.fleet.view import NEWER_MARGIN_S
 from gateway.store.replicas import Replica
-
-# A version is older than what the bucket holds when the bucket's copy was written this
-# long after the version's acknowledgement (the clocks of the bucket and the writer differ).
-NEWER_MARGIN_S = 2.0
 
 
 class Standing(enum.Enum):

@@ -16,7 +16,13 @@ from gateway.fleet.transport import AttributesPage, PeerError, PeerHead, PeerRea
 from gateway.fleet.wire import PeerRow
 from gateway.models import LocalObject, ObjectMeta
 
+# A version is older than the bucket's object when that object was written this long after
+# the version's acknowledgement: the bucket's clock and a gateway's differ (the takeover,
+# fleet/standing.py; a node back from a restart, flush/recovered.py).
+NEWER_MARGIN_S = 2.0
+
 __all__ = [
+    "NEWER_MARGIN_S",
     "AttributesPage",
     "FleetView",
     "HoldHandle",

@@ -18,11 +18,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from gateway.errors import NoSuchKey
+from gateway.fleet.view import NEWER_MARGIN_S
 from gateway.models import LocalObject, ObjectMeta
 from gateway.upstream.client import Upstream
-
-# As the takeover's rule for objects no claim names (fleet/standing.py).
-NEWER_MARGIN_S = 2.0
 
 # One request about a row, through the flusher's gate (``Flusher._send`` for that row).
 SendOne = Callable[[Callable[[], Awaitable[ObjectMeta | None]]], Awaitable[ObjectMeta | None]]

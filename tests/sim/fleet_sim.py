@@ -38,7 +38,13 @@ from gateway.fleet.fence import parent_prefix
 from gateway.fleet.membership import StaticPeers
 from gateway.fleet.node import Fleet, FleetConfig
 from gateway.fleet.ordering import held_answer
-from gateway.fleet.transport import PeerError, PeerHead, PeerRead, PeerUnavailable
+from gateway.fleet.transport import (
+    AttributesPage,
+    PeerError,
+    PeerHead,
+    PeerRead,
+    PeerUnavailable,
+)
 from gateway.fleet.wire import (
     DirChange,
     DrainAnswer,
@@ -142,9 +148,16 @@ class SimTransport:
         await self._net.call(self._me, address, lambda n: n.api_bye(node), timeout_s)
 
     async def version(
-        self, address: str, bucket: str, key: str, timeout_s: float, *, replica: bool = False
+        self,
+        address: str,
+        bucket: str,
+        key: str,
+        timeout_s: float,
+        *,
+        replica: bool = False,
+        attributes: AttributesPage | None = None,
     ) -> PeerHead | None:
-        if replica:
+        if replica:  # (nor are GetObjectAttributes: ``attributes`` is not asked here)
             return None  # (reads from replicas are not simulated)
         return await self._net.call(self._me, address, lambda n: n.api_version(key), timeout_s)
 
