@@ -305,12 +305,12 @@ class Takeover:
         member = self._membership.get(owner)
         if member is None or not member.is_reachable:
             return
-        held = await self._store.of_owner(owner, datadir)
+        held = await self._store.seqs_of_owner(owner, datadir)
         if not held:
             return
         try:
             answer = await self._transport.replica_needed(
-                member.address, owner, datadir, [r.seq for r in held], 10.0
+                member.address, owner, datadir, held, 10.0
             )
         except PeerUnavailable:
             return
@@ -319,14 +319,18 @@ class Takeover:
             self._gone.add((owner, datadir))
             return
         needed = set(answer)
-        done = [r.seq for r in held if r.seq not in needed]
+        done = [seq for seq in held if seq not in needed]
         if done:
             await self._blobs.discard(await self._store.drop(owner, datadir, done))
 
     async def _finish_claimed(self, owner: str, datadir: str) -> None:
         """Versions claimed here while their writer was lost: their writer, back, waits on
-        this node's claim."""
-        for replica in await self._store.of_owner(owner, datadir):
+        this node's claim. (Only those are read: a round looks at every writer each
+        second, and parsing every replica held for it was most of a round's cost.)"""
+        seqs = [seq for o, d, seq in self._unfinished if (o, d) == (owner, datadir)]
+        if not seqs:
+            return
+        for replica in await self._store.of_owner(owner, datadir, seqs):
             if replica.version in self._unfinished and not replica.is_uploaded:
                 await self._take_one(replica)
 

@@ -318,8 +318,11 @@ class ReplicaStore:
             )
         )
 
-    async def of_owner(self, owner: str, datadir_id: str | None = None) -> list[Replica]:
-        """The versions held for ``owner`` (of one data dir, or all), oldest first."""
+    async def of_owner(
+        self, owner: str, datadir_id: str | None = None, seqs: Sequence[int] | None = None
+    ) -> list[Replica]:
+        """The versions held for ``owner`` (of one data dir, or all; only ``seqs``, if
+        given), oldest first."""
 
         def op(conn: sqlite3.Connection) -> list[Replica]:
             sql = f"SELECT {_COLUMNS} FROM replicas r WHERE r.owner = ?"
@@ -327,10 +330,27 @@ class ReplicaStore:
             if datadir_id is not None:
                 sql += " AND r.datadir_id = ?"
                 args.append(datadir_id)
+            if seqs is not None:
+                sql += f" AND r.seq IN ({','.join('?' * len(seqs))})"
+                args.extend(seqs)
             rows = conn.execute(sql + " ORDER BY r.seq", args).fetchall()
             return [_replica(conn, r) for r in rows]
 
         return await self._journal.run_read(op)
+
+    async def seqs_of_owner(self, owner: str, datadir_id: str) -> list[int]:
+        """The sequence numbers of the versions held for ``owner``'s data dir (what
+        ``of_owner`` reads, without parsing each: a holder asks a live writer about them
+        all every half minute)."""
+        return await self._journal.run_read(
+            lambda conn: [
+                int(seq)
+                for (seq,) in conn.execute(
+                    "SELECT seq FROM replicas WHERE owner = ? AND datadir_id = ? ORDER BY seq",
+                    (owner, datadir_id),
+                )
+            ]
+        )
 
     async def for_key(self, bucket: str, key: str) -> list[Replica]:
         """Every version of ``key`` held here, newest acknowledgement first."""

@@ -105,6 +105,18 @@ async def test_newest_of_each_key_is_per_writer_and_data_dir(journal: Journal) -
     assert (len(newest), older) == (3, [])
 
 
+async def test_an_owners_versions_are_read_by_sequence_number(journal: Journal) -> None:
+    """A takeover round reads only the versions it claimed (``seqs``) and asks a live
+    writer about the sequence numbers held, without reading the versions."""
+    store = ReplicaStore(journal)
+    for seq, key in ((1, "a"), (2, "b"), (3, "c")):
+        await _commit_inline(store, seq, key, key.encode())
+    assert [r.meta.key for r in await store.of_owner("w", "d", [1, 3])] == ["a", "c"]
+    assert await store.of_owner("w", "d", [7]) == []
+    assert await store.seqs_of_owner("w", "d") == [1, 2, 3]
+    assert await store.seqs_of_owner("w", "other") == []
+
+
 async def test_a_version_held_already_is_committed_without_its_bodies(journal: Journal) -> None:
     """Re-replication sends versions again to every holder it now chooses: one that holds
     it answers at once (nothing missing), keeps what it had, and drops a body staged for
