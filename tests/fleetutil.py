@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import GatewayProcess, free_port
+from harness import GatewayProcess, free_port, start_all, stop_all
 
 FLEET_ARGS = ("--peer-lease", "1.5", "--peer-refresh", "1")
 
@@ -70,14 +70,16 @@ def running(
     """The gateways started (and, given their ``names``, joined: ``wait_joined``); stopped
     after, or killed (``kill``: no drain to wait for)."""
     try:
-        for gw in gateways:
-            gw.start()
+        start_all(gateways)
         if names:
             wait_joined(gateways, names)
         yield list(gateways)
     finally:
-        for gw in gateways:
-            gw.kill() if kill else gw.stop()
+        if kill:
+            for gw in gateways:
+                gw.kill()
+        else:
+            stop_all(gateways)
 
 
 def held_by(head: dict[str, Any]) -> tuple[str | None, str | None]:

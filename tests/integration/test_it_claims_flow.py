@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetutil import fleet_of, wait_joined
+from fleetutil import fleet_of, start_all, stop_all, wait_joined
 from harness import REPO_ROOT, GatewayProcess, http_request, payload, quoted_md5, upstream_client
 
 sys.path.insert(0, str(REPO_ROOT / "loadtest"))
@@ -49,8 +49,7 @@ def test_every_claim_request_refused_by_the_bucket_is_a_throttle_of_the_gate(
 ) -> None:
     a, b = fleet_of(tmp_path, emulator.url, ("a", "b"), ("--replicas", "1"))
     try:
-        for gw in (a, b):
-            gw.start()
+        start_all((a, b))
         wait_joined([a, b], ("a", "b"))
         keys = [f"ckpt/step_1/{i}" for i in range(24)]
         b.pause_flush()
@@ -60,8 +59,7 @@ def test_every_claim_request_refused_by_the_bucket_is_a_throttle_of_the_gate(
         b.drained(bucket=BUCKET, timeout=120)
         heard = throttles_heard(b)
     finally:
-        for gw in (a, b):
-            gw.stop()
+        stop_all((a, b))
     upstream = upstream_client(emulator.url)
     landed: dict[str, Any] = {
         o["Key"]: o["ETag"]

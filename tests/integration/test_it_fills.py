@@ -26,6 +26,7 @@ from harness import (
     quoted_md5,
     read_body,
     s3_client,
+    stop_all,
     unique_bucket_name,
 )
 
@@ -69,8 +70,7 @@ def gw_factory(emu: EmulatorThread, tmp_path: Path) -> Iterator[Callable[..., Ga
     try:
         yield make
     finally:
-        for gateway in started:
-            gateway.stop()
+        stop_all(started)
 
 
 @pytest.fixture

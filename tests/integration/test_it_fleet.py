@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from fleetutil import fleet_of, held_by, member, running, until, wait_joined
+from fleetutil import fleet_of, held_by, member, running, start_all, stop_all, until, wait_joined
 from harness import (
     GATEWAY_ACCESS_KEY,
     GATEWAY_SECRET_KEY,
@@ -441,13 +441,11 @@ def test_fleet_drain_waits_for_every_node(fleet: list[Any], bucket: str) -> None
 def pair(moto_server: str, tmp_path: Any) -> Iterator[list[Any]]:
     gateways = fleet_of(tmp_path, moto_server, ("a", "b"))
     try:
-        for gw in gateways:
-            gw.start()
+        start_all(gateways)
         wait_joined(gateways, ("a", "b"))
         yield gateways
     finally:
-        for gw in gateways:
-            gw.stop()
+        stop_all(gateways)
 
 
 def test_a_node_that_is_down_holds_the_marker_until_an_operator_releases_it(

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleetutil import fleet_of, until, wait_joined
+from fleetutil import fleet_of, start_all, stop_all, until, wait_joined
 from harness import REPO_ROOT, GatewayProcess, payload, quoted_md5, upstream_client
 
 sys.path.insert(0, str(REPO_ROOT / "loadtest"))
@@ -30,8 +30,7 @@ def test_a_gateway_done_with_a_bucket_hands_its_share_to_the_one_still_sending(
     a, b = fleet_of(tmp_path, emu.url, ("a", "b"))
     writes = {a: [f"ckpt/a/{i}" for i in range(30)], b: [f"ckpt/b/{i}" for i in range(120)]}
     try:
-        for gw in (a, b):
-            gw.start()
+        start_all((a, b))
         wait_joined([a, b], ("a", "b"))
         for gw, keys in writes.items():
             gw.pause_flush()
@@ -54,8 +53,7 @@ def test_a_gateway_done_with_a_bucket_hands_its_share_to_the_one_still_sending(
             for o in page.get("Contents", [])
         }
     finally:
-        for gw in (a, b):
-            gw.stop()
+        stop_all((a, b))
         emu.stop()
     want = {k: quoted_md5(payload(2000, k)) for keys in writes.values() for k in keys}
     assert landed == want

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from awscrt import checksums as crt_checksums
 from botocore.exceptions import ClientError
-from fleetutil import fleet_of, until, wait_joined
+from fleetutil import fleet_of, start_all, stop_all, until, wait_joined
 from harness import (
     REPO_ROOT,
     UPSTREAM_SECRET_KEY,
@@ -108,13 +108,11 @@ def multipart_put(s3: Any, bucket: str, key: str, parts: list[bytes]) -> str:
 def trio(moto_server: str, tmp_path: Path) -> Iterator[list[GatewayProcess]]:
     gateways = fleet_of(tmp_path, moto_server, ("a", "b", "c"), REPLICAS)
     try:
-        for gw in gateways:
-            gw.start()
+        start_all(gateways)
         wait_joined(gateways, ("a", "b", "c"))
         yield gateways
     finally:
-        for gw in gateways:
-            gw.stop()
+        stop_all(gateways)
 
 
 def test_an_ack_means_a_replica_is_durable_on_a_member(
@@ -194,8 +192,7 @@ def test_two_replicas_survive_two_writers_lost_with_their_disks_at_once(
     two = ("--replicas", "2", "--peer-timeout", "4.5")
     trio = fleet_of(tmp_path, moto_server, ("a", "b", "c"), two)
     try:
-        for gw in trio:
-            gw.start()
+        start_all(trio)
         wait_joined(trio, ("a", "b", "c"))
         a, b, c = trio
         upstream = upstream_client(a.upstream_url)
@@ -217,8 +214,7 @@ def test_two_replicas_survive_two_writers_lost_with_their_disks_at_once(
         time.sleep(1.0)
         assert a.metric("gateway_takeovers") == 7
     finally:
-        for gw in trio:
-            gw.stop()
+        stop_all(trio)
 
 
 def test_versions_committed_beside_the_writers_own_take_over_as_the_newest_only(
@@ -340,8 +336,7 @@ def test_strict_refuses_what_cannot_be_replicated_and_degrade_acknowledges_it(
     moto_server: str, tmp_path: Path, bucket: str
 ) -> None:
     pair = fleet_of(tmp_path / "strict", moto_server, ("a", "b"), REPLICAS)
-    for gw in pair:
-        gw.start()
+    start_all(pair)
     try:
         wait_joined(pair, ("a", "b"))
         pair[1].kill()
@@ -352,13 +347,11 @@ def test_strict_refuses_what_cannot_be_replicated_and_degrade_acknowledges_it(
         with pytest.raises(ClientError):
             pair[0].client().head_object(Bucket=bucket, Key="s/k")  # nothing committed
     finally:
-        for gw in pair:
-            gw.stop()
+        stop_all(pair)
     degrade = fleet_of(
         tmp_path / "degrade", moto_server, ("a", "b"), [*REPLICAS, "--replica-policy", "degrade"]
     )
-    for gw in degrade:
-        gw.start()
+    start_all(degrade)
     try:
         wait_joined(degrade, ("a", "b"))
         writer, holder = degrade
@@ -378,8 +371,7 @@ def test_strict_refuses_what_cannot_be_replicated_and_degrade_acknowledges_it(
         head = writer.client().head_object(Bucket=bucket, Key="d/k")
         assert "x-gateway-replicas" not in head["ResponseMetadata"]["HTTPHeaders"]
     finally:
-        for gw in degrade:
-            gw.stop()
+        stop_all(degrade)
 
 
 def test_multipart_uploads_are_replicated_and_taken_over(
