@@ -208,6 +208,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
         shares = FleetShares(gate, clock.monotonic)
         fleet.shares = shares
         fleet.membership.shares = shares.report
+        fleet.membership.cuts = shares.report_cuts
     # What the last run learnt of each bucket's rate: its budgets slow-start to it quickly.
     memory = RateMemory(gate.lanes, RateTable(journal), clock)
     with starting(f"reading the journal {journal.path}"):

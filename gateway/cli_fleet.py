@@ -171,4 +171,9 @@ def _shares(shares: dict[str, Any] | None, me: str) -> list[str]:
             f"  taken over from members that stopped: {shares['taken_per_s']:g}/s in "
             f"{shares['handovers']} hand-overs"
         )
+    if shares.get("cuts_followed"):
+        lines.append(
+            f"  cuts followed (a member sending to the bucket was throttled): "
+            f"{shares['cuts_followed']}"
+        )
     return lines

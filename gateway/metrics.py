@@ -75,6 +75,12 @@ FLOW_SHARES_TAKEN_RATE = Counter(
     ["bucket"],
     registry=REGISTRY,
 )
+FLOW_CUTS_FOLLOWED = Counter(
+    "gateway_flow_cuts_followed",
+    "Cuts of a bucket's rate made because a fleet member sending to it was throttled",
+    ["bucket"],
+    registry=REGISTRY,
+)
 FLUSH_FAILURES = Counter(
     "gateway_flush_failures", "Flushes that failed permanently (state failed)", registry=REGISTRY
 )

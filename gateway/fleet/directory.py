@@ -341,9 +341,13 @@ class RemoteDirectory:
         self.changes = ChangeTimes()
 
     def request(
-        self, me: NodeInfo, port: int, shares: tuple[tuple[str, float], ...] = ()
+        self,
+        me: NodeInfo,
+        port: int,
+        shares: tuple[tuple[str, float], ...] = (),
+        cuts: tuple[tuple[str, int, float], ...] = (),
     ) -> LeaseRequest:
-        return LeaseRequest(me, port, self.version, self.incarnation, shares)
+        return LeaseRequest(me, port, self.version, self.incarnation, shares, cuts)
 
     def apply_grant(self, grant: LeaseGrant, sent_s: float) -> None:
         """A lease granted to a request sent at ``sent_s`` (this node's monotonic clock)."""

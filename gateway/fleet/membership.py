@@ -165,6 +165,7 @@ class Membership:
         # What each renewal tells the member of this node's shares of buckets
         # (``flush/shares.py``; the composition root sets it when the node flushes).
         self.shares: Callable[[], tuple[tuple[str, float], ...]] = tuple
+        self.cuts: Callable[[], tuple[tuple[str, int, float], ...]] = tuple
 
     # -- what others see --------------------------------------------------------------------
 
@@ -312,7 +313,7 @@ class Membership:
 
     async def renew(self, member: Member) -> LeaseGrant | None:
         """One lease renewal with ``member``: the directory copy and the liveness check."""
-        request = member.remote.request(self.me, self.port, self.shares())
+        request = member.remote.request(self.me, self.port, self.shares(), self.cuts())
         sent_s = self._clock.monotonic()
         try:
             grant = await self._transport.lease(member.address, request, self.lease_s / 3)

@@ -43,7 +43,12 @@ _TICK_S = 1.0  # how often announced directories are checked for withdrawal
 class ShareReports(Protocol):
     """The flusher's side of the fleet's shares of buckets (``flush/shares.py``)."""
 
-    def on_report(self, peer: str, shares: Mapping[str, float]) -> None: ...
+    def on_report(
+        self,
+        peer: str,
+        shares: Mapping[str, float],
+        cuts: Mapping[str, tuple[int, float]] | None = None,
+    ) -> None: ...
 
     def forget(self, peer: str) -> None: ...
 
@@ -176,7 +181,11 @@ class Fleet:
         if request.holder.node_id != self.me.node_id:
             self.membership.admit(request.holder, address)
             if self.shares is not None:
-                self.shares.on_report(request.holder.node_id, dict(request.shares))
+                self.shares.on_report(
+                    request.holder.node_id,
+                    dict(request.shares),
+                    {bucket: (events, factor) for bucket, events, factor in request.cuts},
+                )
         return self.directory.grant(request, address)
 
     def on_change(self, change: DirChange) -> None:

@@ -118,6 +118,9 @@ class LeaseRequest:
     # M's shares: (bucket, requests/s got through lately) of each bucket it sends to now
     # (``flush/shares.py``). Absent from an older gateway's request: none.
     shares: tuple[tuple[str, float], ...] = ()
+    # M's cuts: (bucket, its own congestion events so far, the factor of the last) of the
+    # same buckets (``flush/shares.py``). Absent from an older gateway's request: none.
+    cuts: tuple[tuple[str, int, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,6 +129,7 @@ class LeaseRequest:
             "known_version": self.known_version,
             "known_incarnation": list(self.known_incarnation) if self.known_incarnation else None,
             "shares": [[bucket, rate] for bucket, rate in self.shares],
+            "cuts": [[bucket, events, factor] for bucket, events, factor in self.cuts],
         }
 
     @classmethod
@@ -146,6 +150,7 @@ class LeaseRequest:
             _field(doc, "known_version", int),
             known,
             _shares(doc.get("shares", [])),
+            _cuts(doc.get("cuts", [])),
         )
 
 
@@ -163,6 +168,21 @@ def _shares(raw: Any) -> tuple[tuple[str, float], ...]:
         if not 0 <= rate < float("inf"):
             raise WireError("shares: a rate is a finite number >= 0")
         out.append((item[0], rate))
+    return tuple(out)
+
+
+def _cuts(raw: Any) -> tuple[tuple[str, int, float], ...]:
+    if not isinstance(raw, list) or len(raw) > _MAX_SHARES:
+        raise WireError(f"cuts: expected at most {_MAX_SHARES} [bucket, events, factor]")
+    out = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)):
+            raise WireError("cuts: expected [bucket, events, factor] triples")
+        events = _field({"events": item[1]}, "events", int)
+        factor = _number({"factor": item[2]}, "factor")
+        if events < 0 or not 0 < factor <= 1:
+            raise WireError("cuts: events >= 0, a factor in (0, 1]")
+        out.append((item[0], events, factor))
     return tuple(out)
 
 

@@ -60,6 +60,9 @@ _ISOLATE_AFTER = 3  # consecutive throttles of one lane (over 2+ events) that is
 _OTHERS_REFUSED = 0.25  # the other lanes' share of refusals under this times the lane's
 _CHANCE = 0.02  # how likely an even spread of the refusals may be to load them on one lane
 _RESTART_IDLE_S = 5.0  # a budget idle this long starts again (module docstring)
+# A peer's cut is followed only by a budget throttled itself this recently: evidence that
+# the two share a partition (S3 does not say; peers on others would cut for nothing).
+_FOLLOW_MEMORY_S = 60.0
 # A body this large (S3's usual part size) is bounded by the slow start's rate in flight,
 # not per second, until the bucket first refuses something (``BucketBudget._is_unpaced``).
 LARGE_BODY_BYTES = 8 << 20
@@ -118,6 +121,9 @@ class BucketBudget:
         self.in_flight = 0  # admitted here, not answered yet (``Gate.answer`` counts those)
         self._active_s = now_s  # the last grant or answer
         self._fair: tuple[int, float] = (0, 0.0)  # (senders, fair share): ``note_fair_share``
+        self._throttled_s = -math.inf  # the last throttle that counted against the budget
+        self._fair_now = 0.0  # the fleet's fair share of the bucket, as last reported
+        self.followed = 0  # fleet peers' cuts followed (``follow_cut``)
 
     # -- queue -------------------------------------------------------------------------
 
@@ -129,7 +135,9 @@ class BucketBudget:
             and now_s - self._active_s >= _RESTART_IDLE_S
             and self.rate.w_max_per_s is not None
         ):  # work after idle: start again (module docstring)
+            senders = self.rate.senders
             self.rate = AdaptiveRate(self.config, now_s, known_per_s=self.known_per_s)
+            self.rate.senders = senders
             self._pacer.follow(self.rate.rate_per_s, now_s)
             self._fair = (0, 0.0)  # the next checkpoint's fleet measures its own
         self._active_s = now_s
@@ -272,6 +280,11 @@ class BucketBudget:
         kept if measured with at least as many senders as the one kept."""
         if senders >= self._fair[0]:
             self._fair = (senders, fair_per_s)
+        self._fair_now = fair_per_s
+
+    def note_senders(self, senders: int) -> None:
+        """How many fleet members send to the bucket now, this one too (``shares.py``)."""
+        self.rate.senders = max(1, senders)
 
     def take_share(self, now_s: float, extra_per_s: float) -> bool:
         """A fleet peer's freed share of the bucket: the budget's rate grows by
@@ -281,6 +294,30 @@ class BucketBudget:
         self.rate.take_share(now_s, extra_per_s)
         self._pacer.follow(self.rate.rate_per_s, now_s)
         return True
+
+    def follow_cut(self, now_s: float, factor: float) -> bool:
+        """A fleet peer sending to this bucket cut its rate to ``factor`` of it on a throttle
+        of its own (``AdaptiveRate.follow_cut``): followed if this budget was throttled
+        itself within ``_FOLLOW_MEMORY_S``, and gets at least the fleet's fair share of
+        the bucket through (what the senders get together, divided by them). Cut alike,
+        the senders kept the shares they came out of their slow starts with (among 64
+        gateways at 60/s, 1 to 4 requests/s each, and shares even among 3 or 6 at 6/s
+        no more: tests/sim/test_sim_flow.py); those under the fair share grow towards it
+        while the others give way. True if the rate was cut."""
+        if (
+            now_s - self._throttled_s > _FOLLOW_MEMORY_S
+            or self.answers.accepted_per_s(now_s) < self._fair_now
+            or not self.rate.follow_cut(now_s, factor)
+        ):
+            return False
+        self.followed += 1
+        self._pacer.follow(self.rate.rate_per_s, now_s, cut=True)
+        return True
+
+    def cut_report(self) -> tuple[int, float]:
+        """What peers follow (``follow_cut``): this budget's own congestion events so far
+        and the factor the last one left of its rate."""
+        return self.rate.own_events, self.rate.last_cut_factor
 
     def _check_isolation(self, lane: Lane) -> None:
         """An isolated lane whose own rate has grown to the whole budget's is held back by
@@ -329,6 +366,7 @@ class BucketBudget:
                 lane.repace(now_s, drain=True)
             return
         self.throttles += 1
+        self._throttled_s = now_s
         others_busy = any(o is not lane and (o.in_flight or o in self._queued) for o in self._lanes)
         self._recent.append((lane, self.rate.event_of(sent_s), others_busy))
         if self._isolates(lane, now_s):

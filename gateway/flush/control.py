@@ -34,7 +34,9 @@ and CUBIC (RFC 8312):
   ``beta`` cut at any scale. Past ``w_max`` it grows faster and faster: the periodic gentle
   probe that finds a raised limit, in absolute requests/s (at least ``probe_c`` req/s per
   s**3: a budget with a small share probes as fast as a large one, which is what makes
-  independent gateways converge to fair shares). Once the probe is ``_ACCELERATE`` times
+  independent gateways converge to fair shares; split among the fleet's ``senders`` to the
+  bucket, so that 64 gateways at a few requests a second each do not probe 64 times as
+  fast together as one). Once the probe is ``_ACCELERATE`` times
   ``w_max`` with no throttle the limit has risen (a partition split, a raised quota): slow
   start again finds it in seconds. Growth counts only time the budget held work back.
 - **Fast convergence.** A cut below the previous ``w_max`` lowers ``w_max`` a little more
@@ -54,6 +56,16 @@ and CUBIC (RFC 8312):
   one takes ``log2(rate / initial_per_s)`` seconds, the fixed cost of a fresh start
   (BENCHMARKS.md 7.11). Where the limit fell meanwhile, the first 503 cuts as it would
   a fresh slow start's overshoot.
+- **A fleet's congestion event, followed** (``follow_cut``; ``shares.py`` carries it).
+  Gateways sharing a partition each learn of its limit from their own 503s only: with
+  many of them each at a few requests a second, each drew one 503 per cycle of its own,
+  and 64 of them at 60 requests/s drew 15 % of their requests refused. So each tells its
+  peers of its own cuts (``own_events``, ``last_cut_factor``), and a budget that was
+  throttled itself lately (and gets its fair share through: ``admission.py``) cuts by
+  the same factor when a peer was: one 503 cuts the fleet's rate at once. A budget cuts, or follows,
+  once per ``_FOLLOW_QUIET_S`` (a report takes up to a second to reach every peer, and
+  the peers refused at one overshoot report it one after another); its own throttles
+  are never held back by a followed cut.
 - **Slow start counts fresh evidence only.** An acceptance grows a slow start only if its
   request left after the last cut: with slow bodies (large parts), acceptances of requests
   sent before a cut arrive long after it and say nothing about the rate since.
@@ -75,6 +87,7 @@ _ACCELERATE = 1.2  # a probe this far over w_max without a throttle: slow start 
 _MIN_THROUGH = 16  # acceptances that measure a limit (fewer: noise)
 _MIN_SHARE_ANSWERS = 20  # answers in a second that measure a refused share
 _KNOWN_ROUND_S = 0.1  # below a rate known to work, a slow start doubles this often at most
+_FOLLOW_QUIET_S = 2.0  # after a cut, a peer's cut is the same congestion event for this long
 
 
 @dataclass(slots=True)
@@ -183,6 +196,8 @@ class AdaptiveRate:
         self.config = config
         self.w_max_per_s = w_max_per_s  # what the upstream accepted when last throttled
         self.events = 0  # congestion events (cuts) so far
+        self.own_events = 0  # of them, driven by this budget's own throttles (told to peers)
+        self.last_cut_factor = config.beta  # what the last of those left of the rate
         self._ssthresh = math.inf if w_max_per_s is None else 0.0
         self._rate = self._clamp(config.initial_per_s if w_max_per_s is None else w_max_per_s)
         self._k_s = 0.0  # binding seconds from the last cut back to w_max
@@ -199,6 +214,10 @@ class AdaptiveRate:
         self._answers = Answers() if answers is None else answers.copy()
         self._last_second = Answers(1.0) if answers is None else answers.copy(1.0)
         self._lent_per_s = 0.0  # of w_max: fleet peers' shares taken over (``take_share``)
+        self._quiet_until_s = -math.inf  # a peer's cut before this is one already made
+        # Fleet members sending to this bucket, this one too (``shares.py``): the absolute
+        # probe is split among them, so that together they probe as one budget does.
+        self.senders = 1
         if w_max_per_s is None and known_per_s is not None and known_per_s > 0:
             known_per_s = self._clamp(known_per_s)  # (a slow start to past the cap never ends)
             self.w_max_per_s = self._ssthresh = known_per_s
@@ -268,6 +287,8 @@ class AdaptiveRate:
         accepted = self._answers.accepted_per_s(now_s)
         beta, floor = self.config.beta, self.config.floor_per_s
         self.events += 1
+        self.own_events += 1
+        self._quiet_until_s = now_s + _FOLLOW_QUIET_S
         # Requests sent within a round trip of the cut meet the overload of those sent
         # before it (the partition's bucket is still empty): they are this event's too.
         until_s = now_s + (now_s - sent_s)
@@ -280,6 +301,7 @@ class AdaptiveRate:
             self._ssthresh = 0.0
             self._start_epoch(now_s, w_max, beta * w_max, until_s)
             self._through = _Through(sent_s, now_s, last_s=sent_s)
+            self.last_cut_factor = beta
         elif accepted == 0 or self._last_second.counts(now_s)[0] == 0:
             # Nothing got through lately (the last 3 s, or the last second's answers, at
             # least 8): an outage, not a lower limit. A storm of 503s shorter than the
@@ -290,6 +312,25 @@ class AdaptiveRate:
             self._start_epoch(now_s, self.w_max_per_s, max(beta * self._rate, outage), until_s)
         else:
             self._start_epoch(now_s, self.w_max_per_s, beta * self._rate, until_s)
+            self.last_cut_factor = beta
+        return True
+
+    def follow_cut(self, now_s: float, factor: float) -> bool:
+        """A fleet peer sending to the same bucket cut its rate to ``factor`` of it on a
+        throttle of its own (module docstring): cut by the same factor, ``w_max`` the rate
+        the upstream accepted, unless this budget cut or followed within
+        ``_FOLLOW_QUIET_S``, or has no limit learnt (a slow start: its own 503 ends it).
+        Throttles of requests sent before now belong to this cut. True if it cut."""
+        if now_s < self._quiet_until_s or self.w_max_per_s is None or self.is_slow_start:
+            return False
+        self.tick(now_s, self._binding)
+        factor = min(max(factor, self.config.beta), 1.0)  # (never deeper than a cut of its own)
+        accepted = self._answers.accepted_per_s(now_s)
+        w_max = self._clamp(min(self._rate, accepted) if accepted > 0 else self._rate)
+        self.events += 1
+        self._quiet_until_s = now_s + _FOLLOW_QUIET_S
+        self._start_epoch(now_s, w_max, factor * w_max, now_s)
+        self._through = None
         return True
 
     def _refused_share(self, now_s: float) -> float:
@@ -380,7 +421,8 @@ class AdaptiveRate:
         w_max, c = self.w_max_per_s, self._relative_c()
         if t_s < self._k_s:
             return w_max - c * w_max * (self._k_s - t_s) ** 3
-        return w_max + max(c * w_max, self.config.probe_c) * (t_s - self._k_s) ** 3
+        probe_c = self.config.probe_c / self.senders
+        return w_max + max(c * w_max, probe_c) * (t_s - self._k_s) ** 3
 
     def _clamp(self, rate: float) -> float:
         return min(self.config.ceiling_per_s, max(self.config.floor_per_s, rate))

@@ -223,6 +223,23 @@ class Gate:
         budget = self.lanes.budgets_by_name().get(bucket)
         return budget is not None and budget.take_share(now_s, extra_per_s)
 
+    def cuts(self, now_s: float) -> dict[str, tuple[int, float]]:
+        """Per bucket sent to now, its budget's own congestion events so far and the
+        factor of the last one (``BucketBudget.cut_report``), told to the fleet."""
+        budgets = self.lanes.budgets_by_name()
+        return {bucket: budgets[bucket].cut_report() for bucket in self.shares(now_s)}
+
+    def follow_cut(self, bucket: str, factor: float, now_s: float) -> bool:
+        """A fleet peer's cut of ``bucket``'s rate (``BucketBudget.follow_cut``)."""
+        budget = self.lanes.budgets_by_name().get(bucket)
+        return budget is not None and budget.follow_cut(now_s, factor)
+
+    def note_senders(self, bucket: str, senders: int) -> None:
+        """Fleet members sending to ``bucket`` now (``BucketBudget.note_senders``)."""
+        budget = self.lanes.budgets_by_name().get(bucket)
+        if budget is not None:
+            budget.note_senders(senders)
+
     def note_fair_share(self, bucket: str, fair_per_s: float, senders: int) -> None:
         """The fleet's fair share of ``bucket`` (``BucketBudget.note_fair_share``)."""
         budget = self.lanes.budgets_by_name().get(bucket)
@@ -317,6 +334,15 @@ class RequestGate:
 
     def note_fair_share(self, bucket: str, fair_per_s: float, senders: int) -> None:
         self.core.note_fair_share(bucket, fair_per_s, senders)
+
+    def cuts(self) -> dict[str, tuple[int, float]]:
+        return self.core.cuts(self._clock.monotonic())
+
+    def follow_cut(self, bucket: str, factor: float) -> bool:
+        return self.core.follow_cut(bucket, factor, self._clock.monotonic())
+
+    def note_senders(self, bucket: str, senders: int) -> None:
+        self.core.note_senders(bucket, senders)
 
     @property
     def is_paused(self) -> bool:

@@ -292,9 +292,10 @@ def _report(sim: Sim, g: Any, gws: Sequence[Any]) -> None:
     """``g`` tells every other gateway its shares (a one-way trip later), and again in a
     second while it has work left."""
     report = dict(g.shares.report())
+    cuts = {bucket: (events, factor) for bucket, events, factor in g.shares.report_cuts()}
     for h in gws:
         if h is not g:
-            sim.at(sim.now_s + 0.001, lambda h=h: h.shares.on_report(str(g.ident), report))
+            sim.at(sim.now_s + 0.001, lambda h=h: h.shares.on_report(str(g.ident), report, cuts))
     if g.finished_s is None or report:
         sim.at(sim.now_s + REPORT_S, lambda: _report(sim, g, gws))
 

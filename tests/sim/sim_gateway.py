@@ -258,3 +258,15 @@ class _ShareGate:
 
     def note_fair_share(self, bucket: str, fair_per_s: float, senders: int) -> None:
         self._gw.gate.note_fair_share(bucket, fair_per_s, senders)
+
+    def note_senders(self, bucket: str, senders: int) -> None:
+        self._gw.gate.note_senders(bucket, senders)
+
+    def cuts(self) -> dict[str, tuple[int, float]]:
+        return self._gw.gate.cuts(self._gw.sim.now_s)
+
+    def follow_cut(self, bucket: str, factor: float) -> bool:
+        cut = self._gw.gate.follow_cut(bucket, factor, self._gw.sim.now_s)
+        if cut:
+            self._gw.pump()
+        return cut

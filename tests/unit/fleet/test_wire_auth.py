@@ -32,6 +32,7 @@ COMMIT = ReplicaCommit("a", "d1", 7, META, False, ("s1",), (), 3.0)
         LeaseRequest(NODE, 9000, 7, ("d2", 3.0)),
         LeaseRequest(NODE, 9000, 0, None),
         LeaseRequest(NODE, 9000, 0, None, (("bkt", 12.5), ("other", 0.0))),
+        LeaseRequest(NODE, 9000, 0, None, (("bkt", 12.5),), (("bkt", 3, 0.8),)),
         LeaseGrant(NODE, 3.0, 9, (("bkt", "ckpt/1/"), ("bkt", ""))),
         LeaseGrant(NODE, 3.0, 9, None),
         DirChange("a", ("d1", 12.5), "bkt", "ckpt/1/", 4, True),
@@ -53,7 +54,9 @@ def test_a_lease_request_without_shares_has_none() -> None:
     """An older gateway's renewal (no ``shares``): it reports nothing."""
     doc = LeaseRequest(NODE, 9000, 0, None).to_json()
     del doc["shares"]
+    del doc["cuts"]
     assert LeaseRequest.from_json(doc).shares == ()
+    assert LeaseRequest.from_json(doc).cuts == ()
 
 
 def test_peer_rows_round_trip() -> None:
@@ -77,6 +80,10 @@ def test_peer_rows_round_trip() -> None:
         (
             LeaseRequest,
             {"holder": NODE.to_json(), "port": 1, "known_version": 0, "shares": [[1, 2.0]]},
+        ),
+        *(
+            (LeaseRequest, {"holder": NODE.to_json(), "port": 1, "known_version": 0, "cuts": c})
+            for c in ({}, [["b", 1]], [["b", -1, 0.8]], [["b", 1, 1.5]], [["b", 1.5, 0.8]])
         ),
         (
             LeaseRequest,

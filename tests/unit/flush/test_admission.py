@@ -369,3 +369,29 @@ def test_a_budget_busy_or_idle_for_less_than_5_s_keeps_its_rate() -> None:
     gate.submit(gate.lane_for("b", "p0/next", 4.0), 100, 0, 4.0)  # 2 s after the last answer
     gate.submit(gate.lane_for("b", "p1/next", 12.0), 101, 0, 12.0)  # work is waiting
     assert gate.lanes.budgets_by_name()["b"].rate is before
+
+
+# -- a fleet peer's cut ---------------------------------------------------------------------
+
+
+def test_a_peers_cut_is_followed_by_a_budget_throttled_lately_above_the_fair_share() -> None:
+    """A budget never throttled itself may be on another partition than the peer: it does
+    not follow. Throttled itself, it follows a peer's cut (not within the quiet time of
+    its own cut), unless it gets less than the fleet's fair share through (it grows
+    towards it while the others give way), and not once its own throttle is a minute old."""
+    lanes = _lanes(50.0)
+    for i in range(2000):
+        _submit(lanes, f"p{i % 4}/x{i}", i)
+    _accept_all(lanes, 0.0, 3.0)
+    budget = lanes.budgets_by_name()["b"]
+    assert not budget.follow_cut(3.0, 0.8)
+    _refuse(lanes, "p0/y", 5000, 3.0)
+    assert not budget.rate.is_slow_start
+    _accept_all(lanes, 3.1, 6.0)
+    budget.note_fair_share(1000.0, 2)  # a peer gets far more through
+    assert not budget.follow_cut(6.0, 0.8)
+    budget.note_fair_share(1.0, 2)
+    rate = budget.rate.rate_per_s
+    assert budget.follow_cut(6.0, 0.8) and budget.followed == 1
+    assert budget.rate.rate_per_s < rate
+    assert not budget.follow_cut(64.0, 0.8)  # its own throttle a minute old

@@ -401,3 +401,51 @@ def test_a_share_taken_over_is_lent_not_learnt_and_stays_in_proportion_through_a
     assert budget.w_max_per_s is not None and budget.own_per_s is not None
     assert budget.own_per_s == pytest.approx(budget.w_max_per_s * 100.0 / 150.0)
     assert AdaptiveRate(CONFIG, 0.0).own_per_s is None  # nothing learnt
+
+
+# -- a fleet peer's cut, followed ------------------------------------------------------------
+
+
+def test_a_peers_cut_is_followed_by_its_factor_once_per_quiet_time() -> None:
+    """A peer on the same bucket cut to 0.9 of its rate: this budget cuts to 0.9 of what
+    was accepted, counts an event that is not its own (peers do not echo it), and takes
+    the next peer's cut within ``_FOLLOW_QUIET_S`` for the same one; its own throttles of
+    requests sent before the followed cut are that event too."""
+    budget = _steady(100.0, at_s=0.0)
+    _grow(budget, 0.0, 20.0)
+    _traffic(budget, 100.0, 17.0, 20.0)
+    own = (budget.own_events, budget.last_cut_factor)
+    assert budget.follow_cut(20.0, 0.9)
+    assert budget.rate_per_s == pytest.approx(90.0, rel=0.02)
+    assert budget.w_max_per_s == pytest.approx(100.0, rel=0.02)
+    assert (budget.own_events, budget.last_cut_factor) == own and budget.events == 2
+    assert not budget.follow_cut(21.0, 0.8)  # within the quiet time: the same event
+    assert not budget.on_throttle(19.9, 20.1)  # sent before the followed cut
+    assert budget.follow_cut(22.5, 0.5)
+    assert budget.rate_per_s == pytest.approx(0.8 * budget.w_max_per_s)  # never below beta
+
+
+def test_a_budget_that_cut_itself_does_not_follow_within_the_quiet_time() -> None:
+    budget = _steady(100.0, at_s=10.0)
+    assert (budget.own_events, budget.last_cut_factor) == (1, 0.8)
+    assert not budget.follow_cut(11.0, 0.8)  # the peers' reports of the same overshoot
+    assert budget.follow_cut(12.5, 0.8)
+
+
+def test_a_slow_start_does_not_follow_a_peers_cut() -> None:
+    """A fresh budget learns the limit from its own first 503 (a peer's may be another
+    partition's)."""
+    budget = AdaptiveRate(CONFIG, 0.0)
+    _traffic(budget, 10.0, 0.0, 3.0)
+    assert not budget.follow_cut(3.0, 0.8)
+    assert budget.is_slow_start
+
+
+def test_the_absolute_probe_is_split_among_the_fleets_senders() -> None:
+    """64 gateways at a few requests/s each probe together as one budget does."""
+    alone, shared = _steady(5.0, at_s=0.0), _steady(5.0, at_s=0.0)
+    shared.senders = 4
+    k_s = 10.0
+    grown_alone = _grow(alone, 0.0, k_s + 3.0) - alone.w_max_per_s  # type: ignore[operator]
+    grown_shared = _grow(shared, 0.0, k_s + 3.0) - shared.w_max_per_s  # type: ignore[operator]
+    assert grown_shared == pytest.approx(grown_alone / 4, rel=0.05)

@@ -19,6 +19,9 @@ class FakeGate:
         self.wants = wants
         self.taken: list[tuple[str, float]] = []
         self.fair: list[tuple[str, float, int]] = []
+        self.senders: dict[str, int] = {}
+        self.my_cuts: dict[str, tuple[int, float]] = {}
+        self.followed: list[tuple[str, float]] = []
 
     def shares(self) -> dict[str, float]:
         return dict(self.mine)
@@ -30,6 +33,16 @@ class FakeGate:
 
     def note_fair_share(self, bucket: str, fair_per_s: float, senders: int) -> None:
         self.fair.append((bucket, round(fair_per_s, 3), senders))
+
+    def note_senders(self, bucket: str, senders: int) -> None:
+        self.senders[bucket] = senders
+
+    def cuts(self) -> dict[str, tuple[int, float]]:
+        return dict(self.my_cuts)
+
+    def follow_cut(self, bucket: str, factor: float) -> bool:
+        self.followed.append((bucket, factor))
+        return self.wants
 
 
 def test_a_bucket_a_peer_stops_sending_to_is_split_by_what_each_gets_through() -> None:
@@ -96,6 +109,7 @@ def test_the_status_says_who_sends_to_which_bucket_and_what_was_taken_over() -> 
         "peers": {"c": {"p": 4.0}},
         "handovers": 1,
         "taken_per_s": 30.0,
+        "cuts_followed": 0,
     }
     shown = format_fleet({"node": "me", "datadir_id": "d", "members": [], "shares": status})
     assert "  b: 20 (me 20)" in shown
@@ -127,3 +141,27 @@ def test_a_budget_keeps_the_fair_share_of_the_most_senders_and_starts_again_to_i
     assert lanes.known_rates() == {"b": pytest.approx(66.7)}
     budget.note_fair_share(1.0, 3)  # the latest with as many senders wins ...
     assert budget.known_per_s == pytest.approx(own)  # ... and never below its own share
+
+
+def test_a_peers_own_cut_is_followed_once_and_a_restarted_count_is_a_new_base() -> None:
+    """A peer's count of its own congestion events grows: its cut is followed with its
+    factor. Its first report, an unchanged count, a bucket it had not reported before
+    and a count that fell (its budget started again after idle) are not cuts."""
+    gate, clock = FakeGate({"b": 10.0, "c": 5.0}), ManualClock(0.0)
+    gate.my_cuts = {"b": (3, 0.8)}
+    shares = FleetShares(gate, clock)
+    assert shares.report_cuts() == (("b", 3, 0.8),)
+    shares.on_report("p", {"b": 20.0}, {"b": (4, 0.9)})  # first report: a base
+    shares.on_report("p", {"b": 20.0}, {"b": (4, 0.9)})
+    shares.on_report("p", {"b": 20.0, "c": 1.0}, {"b": (4, 0.9), "c": (7, 0.8)})
+    assert gate.followed == []
+    shares.on_report("p", {"b": 20.0, "c": 1.0}, {"b": (5, 0.85), "c": (7, 0.8)})
+    assert gate.followed == [("b", 0.85)]
+    shares.on_report("p", {"b": 20.0}, {"b": (0, 0.8)})  # started again
+    shares.on_report("p", {"b": 20.0}, {"b": (1, 0.8)})
+    assert gate.followed == [("b", 0.85), ("b", 0.8)]
+    assert shares.cuts_followed == 2 and shares.status()["cuts_followed"] == 2
+    shares.on_report("q", {"b": 20.0})  # an older gateway: no cuts in its report
+    shares.on_report("q", {"b": 20.0})
+    assert len(gate.followed) == 2
+    assert gate.senders == {"b": 3, "c": 1}  # p and q send to b; nobody else to c
