@@ -163,6 +163,13 @@ class ObjectAttributes:
     is_truncated: bool = False
 
 
+def parent_prefix(key: str) -> str:
+    """The key's directory: ``ckpt/step_1/rank_0`` -> ``ckpt/step_1/`` (``""`` for a
+    top-level key). What a checkpoint's marker commits, and what the fleet announces."""
+    head, sep, _ = key.rpartition("/")
+    return head + sep
+
+
 def meta_to_json(meta: ObjectMeta) -> dict[str, Any]:
     return {
         "bucket": meta.bucket,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from gateway.clock import Clock
 from gateway.fleet.wire import Dir, DirChange, LeaseGrant, LeaseRequest, NodeInfo
+from gateway.models import parent_prefix
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,6 @@ HolderKey = tuple[str, tuple[str, float]]  # (node id, incarnation)
 # Directories whose last change a peer's copy remembers (``RemoteDirectory.stale_since``);
 # past it the older half is forgotten and counts as a change of every directory then.
 MAX_CHANGES = 4096
-
-
-def parent_dir(key: str) -> str:
-    """``ckpt/step_1/rank_0`` -> ``ckpt/step_1/`` (``""`` for a top-level key)."""
-    head, sep, _ = key.rpartition("/")
-    return head + sep
 
 
 # Sends one directory change to a holder at an address, within a timeout (the peer client,
@@ -163,7 +158,7 @@ class LocalDirectory:
     @contextlib.asynccontextmanager
     async def writing(self, bucket: str, key: str) -> AsyncIterator[WriteIntent]:
         """Around one write of ``key`` (see the class contract)."""
-        ident = (bucket, parent_dir(key))
+        ident = (bucket, parent_prefix(key))
         entry = self._entries.get(ident)
         if entry is None:
             self.version += 1
@@ -181,7 +176,7 @@ class LocalDirectory:
         replica): announced as a write is, so that the peers holding a lease check their
         copies of the key while it lasts and once more after its withdrawal; and this
         node's own copies there count as changed (``taken_over_since``)."""
-        ident = (bucket, parent_dir(key))
+        ident = (bucket, parent_prefix(key))
         self._taking_over[ident] = self._taking_over.get(ident, 0) + 1
         try:
             async with self.writing(bucket, key) as intent:
@@ -396,7 +391,7 @@ class RemoteDirectory:
         return max(self.gap_s, self.changes.since(ident))
 
     def lists_key(self, bucket: str, key: str) -> bool:
-        return (bucket, parent_dir(key)) in self.dirs
+        return (bucket, parent_prefix(key)) in self.dirs
 
     def lists_prefix(self, bucket: str, prefix: str) -> bool:
         """Could a key under ``prefix`` be under one of the listed directories?"""

@@ -24,6 +24,7 @@ from gateway.clock import Clock
 from gateway.fleet.membership import Member, Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
 from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest
+from gateway.models import parent_prefix
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,6 @@ _RETRY_FIRST_S = 0.5  # a member that does not answer is asked again after this,
 _RETRY_MAX_S = 5.0  # ... up to this
 _STUCK_RETRY_S = 2.0  # a member whose rows failed is asked again after this
 _EARLIER_WRITERS = "(lost writers)"  # a hold's last wait, on replicas of no member's
-
-
-def parent_prefix(key: str) -> str:
-    head, sep, _ = key.rpartition("/")
-    return head + sep
 
 
 @dataclass(slots=True)

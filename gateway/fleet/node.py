@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from gateway import metrics
 from gateway.clock import Clock
 from gateway.fleet.client import REPLICA_HEADER
-from gateway.fleet.directory import LocalDirectory, WriteIntent, parent_dir
+from gateway.fleet.directory import LocalDirectory, WriteIntent
 from gateway.fleet.fence import FleetFence, Hold, NodeDrain
 from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
 from gateway.fleet.ordering import UploadOrder
@@ -35,6 +35,7 @@ from gateway.fleet.transport import (
 )
 from gateway.fleet.view import HoldHandle
 from gateway.fleet.wire import Dir, DirChange, LeaseGrant, LeaseRequest, NodeInfo, PeerRow
+from gateway.models import parent_prefix
 
 log = logging.getLogger(__name__)
 _TICK_S = 1.0  # how often announced directories are checked for withdrawal
@@ -229,7 +230,7 @@ class Fleet:
         ]
 
     def copies_stale_since(self, bucket: str, key: str) -> float:
-        ident = (bucket, parent_dir(key))
+        ident = (bucket, parent_prefix(key))
         members = self.membership.members.values()
         peers_s = max((m.remote.stale_since(ident) for m in members), default=float("-inf"))
         return max(peers_s, self.directory.taken_over_since(ident))

@@ -36,8 +36,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from gateway.fleet.view import HoldHandle, MarkerHolds
-from gateway.flush.policy import FlushPolicy, Room, parent_prefix
-from gateway.models import FlushState
+from gateway.flush.policy import FlushPolicy, Room
+from gateway.models import FlushState, parent_prefix
 from gateway.store.figures import Fence, Figures, Tally
 from gateway.store.journal import FenceCounter
 from gateway.store.rows import RowChange, RowImage

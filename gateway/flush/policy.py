@@ -44,12 +44,6 @@ def _name(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
 
-def parent_prefix(key: str) -> str:
-    """``ckpt/step_1/.metadata`` -> ``ckpt/step_1/`` (``""`` for a top-level key)."""
-    head, sep, _ = key.rpartition("/")
-    return head + sep
-
-
 class FlushPolicy:
     """The flush gates, for one configuration and the flusher's lanes."""
 

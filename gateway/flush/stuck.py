@@ -12,8 +12,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.flush.policy import FlushPolicy, parent_prefix
-from gateway.models import FlushState, LocalObject
+from gateway.flush.policy import FlushPolicy
+from gateway.models import FlushState, LocalObject, parent_prefix
 from gateway.store.journal import Journal
 from gateway.store.queue import FlushQueue
 

@@ -34,7 +34,6 @@ from virtual_time import LoopClock
 
 from gateway.core.peers import newest_source
 from gateway.errors import NoSuchKey
-from gateway.fleet.fence import parent_prefix
 from gateway.fleet.membership import StaticPeers
 from gateway.fleet.node import Fleet, FleetConfig
 from gateway.fleet.ordering import held_answer
@@ -58,7 +57,7 @@ from gateway.fleet.wire import (
     Superseding,
 )
 from gateway.flush.recovered import newer_in_bucket
-from gateway.models import FlushState, LocalObject, ObjectMeta
+from gateway.models import FlushState, LocalObject, ObjectMeta, parent_prefix
 from gateway.store.members import MemberRecord
 from gateway.upstream.classify import FlushError
 

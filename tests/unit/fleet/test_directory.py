@@ -14,9 +14,9 @@ from gateway.fleet.directory import (
     WITHDRAW_AFTER_S,
     LocalDirectory,
     RemoteDirectory,
-    parent_dir,
 )
 from gateway.fleet.wire import DirChange, LeaseGrant, LeaseRequest, NodeInfo
+from gateway.models import parent_prefix
 
 B = NodeInfo("b", "disk-b", 1.0)
 M = NodeInfo("m", "disk-m", 2.0)
@@ -28,9 +28,9 @@ def change(
     return DirChange("b", inc, "bkt", prefix, version, added)
 
 
-def test_parent_dir() -> None:
-    assert parent_dir("ckpt/1/shard") == "ckpt/1/"
-    assert parent_dir("top") == ""
+def test_parent_prefix() -> None:
+    assert parent_prefix("ckpt/1/shard") == "ckpt/1/"
+    assert parent_prefix("top") == ""
 
 
 def test_an_announcement_is_never_hidden_by_an_older_withdrawal_or_snapshot() -> None:

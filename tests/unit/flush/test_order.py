@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from gateway.flush.lanes import LaneConfig, Lanes
 from gateway.flush.order import FlushOrder
-from gateway.flush.policy import FlushPolicy, PolicyConfig, parent_prefix
-from gateway.models import FlushState, LocalObject, ObjectMeta
+from gateway.flush.policy import FlushPolicy, PolicyConfig
+from gateway.models import FlushState, LocalObject, ObjectMeta, parent_prefix
 from gateway.store.journal import Journal
 from gateway.store.queue import FlushQueue
 from gateway.store.rows import prefix_end
