@@ -39,12 +39,13 @@ lint: $(VENV)/.installed-test
 # Three workers (pytest-xdist) on 2 cores, a test file each at a time: the suite mostly
 # waits on real gateway processes, sockets and leases, and two workers left a quarter of
 # the cores idle (12.5 min against 14.5 for the same tree). TEST_WORKERS=0 runs it in this
-# process, serially. Tests
+# process, serially. The longest files go first (tests/conftest.py). Tests
 # marked `exclusive` (they measure rates against the clock) run after, alone (exit 5: the
 # selection held none).
 TEST_WORKERS ?= 3
 test: lint
-	$(BIN)/pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not exclusive" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  -m "not exclusive" $(PYTEST_ARGS)
 	$(BIN)/pytest -q -ra -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Just the deployment artefacts: chart lint + render checks, Dockerfile checks.

@@ -171,6 +171,37 @@ def tls_gateway(
             pytest.fail(f"TLS gateway died during the tests:\n{gw.log_tail()}", pytrace=False)
 
 
+# The files that take longest (worker-seconds, measured with --durations=0 on 2026-11-28),
+# longest first. `make test` hands files to its workers in collection order
+# (--no-loadscope-reorder; xdist's default puts the files with the most tests first, and
+# left a 100-second file of two tests to start last): these go first, the rest after.
+_LONGEST_FIRST = (
+    "sim/test_sim_replicas.py",
+    "integration/test_it_replicas.py",
+    "faults/test_crash_kill.py",
+    "integration/test_it_fleet.py",
+    "sim/test_sim_scale.py",
+    "integration/test_it_fills.py",
+    "integration/test_it_demo.py",
+    "integration/test_it_crash.py",
+    "integration/test_it_fleet_shares.py",
+    "integration/test_it_startup.py",
+    "integration/test_it_lifecycle.py",
+    "integration/test_it_readme.py",
+    "integration/test_it_checkpoints.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        path = Path(str(item.path)).as_posix()
+        return next((r for name, r in rank.items() if path.endswith(name)), len(rank))
+
+    items.sort(key=key)  # stable: the rest keep their order
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
