@@ -140,6 +140,7 @@ class BucketBudget:
             self.rate.senders = senders
             self._pacer.follow(self.rate.rate_per_s, now_s)
             self._fair = (0, 0.0)  # the next checkpoint's fleet measures its own
+            self._fair_now = 0.0
         self._active_s = now_s
         self._lanes.add(lane)
         key = self._key(lane)

@@ -62,10 +62,10 @@ and CUBIC (RFC 8312):
   and 64 of them at 60 requests/s drew 15 % of their requests refused. So each tells its
   peers of its own cuts (``own_events``, ``last_cut_factor``), and a budget that was
   throttled itself lately (and gets its fair share through: ``admission.py``) cuts by
-  the same factor when a peer was: one 503 cuts the fleet's rate at once. A budget cuts, or follows,
-  once per ``_FOLLOW_QUIET_S`` (a report takes up to a second to reach every peer, and
-  the peers refused at one overshoot report it one after another); its own throttles
-  are never held back by a followed cut.
+  the same factor when a peer was: one 503 cuts the fleet's rate at once. A budget
+  cuts, or follows, once per ``_FOLLOW_QUIET_S`` (a report takes up to a second to reach
+  every peer, and the peers refused at one overshoot report it one after another); its
+  own throttles are never held back by a followed cut.
 - **Slow start counts fresh evidence only.** An acceptance grows a slow start only if its
   request left after the last cut: with slow bodies (large parts), acceptances of requests
   sent before a cut arrive long after it and say nothing about the rate since.
