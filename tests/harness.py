@@ -869,8 +869,7 @@ def start_all(gateways: Sequence[GatewayProcess], timeout: float = READY_TIMEOUT
             gw.wait_ready(timeout)
     except BaseException:
         for gw in gateways:
-            with contextlib.suppress(Exception):
-                gw.kill()
+            gw._terminate_quietly()
         raise
 
 

@@ -175,9 +175,9 @@ class FleetShares:
         divided by the senders (``ShareGate.note_fair_share``)."""
         for bucket, mine in self._gate.shares().items():
             others = [p.shares[bucket] for p in self._peers.values() if bucket in p.shares]
-            self._gate.note_senders(bucket, len(others) + 1)
+            senders = len(others) + 1
+            self._gate.note_senders(bucket, senders)
             if others:
-                senders = len(others) + 1
                 self._gate.note_fair_share(bucket, (mine + sum(others)) / senders, senders)
 
     def _forget_stale(self, now_s: float) -> None:
