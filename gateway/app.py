@@ -57,6 +57,7 @@ from gateway.fleet.client import PeerClient
 from gateway.fleet.fence import LostWriters
 from gateway.fleet.membership import Member, parse_peers
 from gateway.fleet.node import Fleet, FleetConfig
+from gateway.fleet.recovered import RecoveredVersions
 from gateway.fleet.rereplication import Rereplication
 from gateway.fleet.takeover import Takeover, TakeoverConfig, UploadClaims
 from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo
@@ -426,7 +427,10 @@ def _s3_services(
         listener=flusher.early if settings.early_multipart else None,
         fleet=fleet,
     )
-    fresh = FreshRows(journal, upstream, blobs, clock, fleet)
+    recovered = RecoveredVersions(flusher.started_s, upstream)
+    if fleet is not None and fleet.claims is not None:  # replicas on: the keys' claims
+        recovered.elsewhere = fleet.claims.superseded_elsewhere
+    fresh = FreshRows(journal, upstream, blobs, clock, fleet, recovered)
     object_service = ObjectService(
         journal,
         blobs,

@@ -18,6 +18,10 @@ node's start too: writes acknowledged then were not announced here). A checkpoin
 are therefore checked once per node after a restart or after another node wrote in their
 directory, one HEAD each, and not again until the next such event. A copy found stale is
 dropped as an evicted one is, and the read goes on as if it had never been here.
+
+An unflushed version this node acknowledged before it started is served only once it is
+known not to have been overtaken while the node was down (``fleet/recovered.py``): a read
+otherwise goes on as if it were not here, as it will not be once the flusher drops it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections import OrderedDict
 from gateway import metrics
 from gateway.clock import Clock
 from gateway.errors import NoSuchKey, S3Error
+from gateway.fleet.recovered import RecoveredVersions
 from gateway.fleet.view import FleetView
 from gateway.models import FlushState, LocalObject
 from gateway.store.blobs import BlobStore
@@ -50,8 +55,10 @@ class FreshRows:
         blobs: BlobStore,
         clock: Clock,
         fleet: FleetView | None,
+        recovered: RecoveredVersions | None = None,
     ) -> None:
         self._journal = journal
+        self._recovered = recovered if fleet is not None else None
         self._upstream = upstream
         self._blobs = blobs
         self._clock = clock
@@ -96,9 +103,30 @@ class FreshRows:
         in between is then found in the bucket; in the other order it was in neither
         place when looked for, and the copy here was served (found by
         loadtest/fleet_soak.py: a delete flushed during the read)."""
-        if self._fleet is None or row is None or row.state is not FlushState.DURABLE:
+        if self._fleet is None or row is None:
             return row
+        if row.state is not FlushState.DURABLE:
+            return await self.unflushed(row)
         return await self.get(row.meta.bucket, row.meta.key)
+
+    async def unflushed(self, row: LocalObject) -> LocalObject | None:
+        """``row`` (not durable upstream) as reads here and on peers may serve it: None
+        if it was acknowledged before this node started and overtaken while it was down.
+        When the bucket cannot say, the row is served (it is the newest but for that)."""
+        recovered = self._recovered
+        if recovered is None:
+            return row
+        try:
+            return None if await recovered.superseded(row) else row
+        except Exception as exc:
+            log.warning(
+                "%s/%s: a version from before this start served unchecked: %r",
+                row.meta.bucket,
+                row.meta.key,
+                exc,
+            )
+            return row
+        return None
 
     async def _drop(self, row: LocalObject) -> None:
         dropped = await self._journal.drop_copy(row)

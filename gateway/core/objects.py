@@ -329,7 +329,9 @@ class ObjectService:
     async def unflushed_row(self, bucket: str, key: str) -> LocalObject | None:
         """This node's row of ``key`` if it is not durable upstream (the peer API)."""
         row = await self._journal.get(bucket, key)
-        return row if peers.is_unflushed(row) else None
+        if row is None or not peers.is_unflushed(row):
+            return None
+        return await self._fresh.unflushed(row)
 
     async def replica_read(
         self, row: LocalObject, read: ReadOptions, *, with_body: bool

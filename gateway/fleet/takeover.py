@@ -96,6 +96,13 @@ class UploadClaims:
         version = self._version(obj)
         claim = await self._claims.claim(version)
         if claim.outcome is Outcome.WON and await self._superseded_elsewhere(obj, version):
+            log.info(
+                "%s/%s seq=%d: a newer version of this gateway's is in the bucket or on its "
+                "way there (taken over); not uploaded",
+                obj.meta.bucket,
+                obj.meta.key,
+                obj.seq,
+            )
             await self._claims.done(version)
             return Decision.DONE.value
         if claim.outcome is Outcome.DONE:
@@ -110,22 +117,21 @@ class UploadClaims:
             return Decision.WAIT.value
         return Decision.UPLOAD.value
 
+    async def superseded_elsewhere(self, obj: LocalObject) -> bool:
+        """Whether a newer version of ``obj``'s key is in the bucket or on its way there,
+        by its claims, where one may be that this node does not know of (a version of its
+        own committed early on a holder and taken over; one written through another node
+        while this node was down: ``fleet/recovered.py``). Reads ask it too."""
+        return await self._superseded_elsewhere(obj, self._version(obj))
+
     async def _superseded_elsewhere(self, obj: LocalObject, version: Version) -> bool:
-        """A newer version of ours, committed early on a holder and never here, was taken
-        over: this one must not land over it. Looked at only when that may be."""
+        """A newer version, committed early on a holder and never here, or written
+        elsewhere while this node was down, was taken over or uploaded: this one must not
+        land over it. Looked at only when that may be."""
         meta = obj.meta
         if not self._may_be_superseded(meta.bucket, meta.key, obj.seq):
             return False
-        if not await self._claims.newer_on_its_way(version):
-            return False
-        log.info(
-            "%s/%s seq=%d: a newer version of this gateway's is in the bucket or on its way "
-            "there (taken over); not uploaded",
-            meta.bucket,
-            meta.key,
-            obj.seq,
-        )
-        return True
+        return await self._claims.newer_on_its_way(version)
 
     async def after_upload(self, obj: LocalObject) -> None:
         await self._claims.done(self._version(obj))

@@ -18,7 +18,7 @@ from gateway.models import LocalObject, ObjectMeta
 
 # A version is older than the bucket's object when that object was written this long after
 # the version's acknowledgement: the bucket's clock and a gateway's differ (the takeover,
-# fleet/standing.py; a node back from a restart, flush/recovered.py).
+# fleet/standing.py; a node back from a restart, fleet/recovered.py).
 NEWER_MARGIN_S = 2.0
 
 __all__ = [

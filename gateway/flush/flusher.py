@@ -41,6 +41,7 @@ from typing import BinaryIO, TypeVar
 
 from gateway import metrics
 from gateway.clock import Clock
+from gateway.fleet.recovered import newer_in_bucket
 from gateway.fleet.view import MarkerHolds, UploadClaims, UploadOrder
 from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
@@ -54,7 +55,6 @@ from gateway.flush.parts import split_parts
 from gateway.flush.policy import FlushPolicy, PolicyConfig
 from gateway.flush.progress import FlushProgress
 from gateway.flush.ratelimit import TokenBucket
-from gateway.flush.recovered import newer_in_bucket
 from gateway.models import LocalObject
 from gateway.store.blobs import BlobStore, close_bodies, open_bodies
 from gateway.store.integrity import BodyDigest, body_digests, check_bytes, check_fd
@@ -130,7 +130,7 @@ class Flusher:
         self._upload_order = upload_order
         # Versions acknowledged before this start are compared with the bucket once
         # (recovered.py): peers that wrote their keys meanwhile could not ask this node.
-        self._started_s = clock.wall()
+        self.started_s = clock.wall()
         self._withdrawn: set[tuple[str, str, int]] = set()  # versions never to upload
         self.progress = FlushProgress(clock.monotonic)  # bytes in flight, measured rates
         self.gate.on_accepted, self.gate.on_retry = self.progress.accepted, self.progress.failed
@@ -355,7 +355,7 @@ class Flusher:
             if self._upload_order is not None and not await self._upload_order.before_upload(obj):
                 return await self._drop(obj)  # a peer's newer version is in the bucket
             if self._upload_order is not None and await newer_in_bucket(
-                obj, self._started_s, self._upstream, lambda call: self._send(lane, obj, 0, call)
+                obj, self.started_s, self._upstream, lambda call: self._send(lane, obj, 0, call)
             ):
                 return await self._drop(obj)  # written meanwhile while this node was down
             if not await self._claimed(obj):  # with replicas: uploaded by another gateway

@@ -37,6 +37,7 @@ from gateway.errors import NoSuchKey
 from gateway.fleet.membership import StaticPeers
 from gateway.fleet.node import Fleet, FleetConfig
 from gateway.fleet.ordering import held_answer
+from gateway.fleet.recovered import newer_in_bucket
 from gateway.fleet.transport import (
     AttributesPage,
     PeerError,
@@ -56,7 +57,6 @@ from gateway.fleet.wire import (
     SupersedeRequest,
     Superseding,
 )
-from gateway.flush.recovered import newer_in_bucket
 from gateway.models import FlushState, LocalObject, ObjectMeta, parent_prefix
 from gateway.store.members import MemberRecord
 from gateway.upstream.classify import FlushError
@@ -449,7 +449,7 @@ class SimNode:
     async def _in_order(self, row: Row) -> bool:
         """The real flusher's steps before an upload (fleet/ordering.py): peers drop older
         versions of the key; and a version acknowledged before this start is compared
-        with the bucket's (flush/recovered.py). False when this one is not to go up (a
+        with the bucket's (fleet/recovered.py). False when this one is not to go up (a
         newer version is durable: dropped; or a peer could not be asked: later)."""
         try:
             if await self.fleet.upload_order.before_upload(row.as_local()) and not (

@@ -17,7 +17,7 @@ from gateway.core.buckets import BucketService
 from gateway.core.freshness import FreshRows
 from gateway.core.objects import ObjectService
 from gateway.errors import NoSuchKey, ServiceUnavailable
-from gateway.models import ObjectMeta
+from gateway.models import FlushState, LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
 
@@ -174,3 +174,34 @@ async def test_a_read_asks_the_peers_before_it_checks_its_copy(
     with pytest.raises(NoSuchKey):
         await objects.head_object(BUCKET, KEY)
     assert await journal.get(BUCKET, KEY) is None  # the copy was dropped as stale
+
+
+class _Overtaken:
+    """``RecoveredVersions`` with a fixed answer (None: the bucket cannot say)."""
+
+    def __init__(self, answer: bool | None) -> None:
+        self.answer = answer
+        self.asked = 0
+
+    async def superseded(self, row: LocalObject) -> bool:
+        self.asked += 1
+        if self.answer is None:
+            raise ServiceUnavailable()
+        return self.answer
+
+
+@pytest.mark.parametrize(("answer", "served"), [(True, False), (False, True), (None, True)])
+async def test_an_unflushed_version_from_before_the_start_is_served_only_if_not_overtaken(
+    journal: Journal, answer: bool | None, served: bool
+) -> None:
+    """Overtaken while this node was down (fleet/recovered.py): neither reads here nor
+    peers' reads get it; when the bucket cannot say, it is served (the newest but for
+    that)."""
+    meta = ObjectMeta(BUCKET, KEY, 3, hashlib.md5(b"old").hexdigest(), 1.0)
+    row = LocalObject(meta, 7, FlushState.PENDING, "b" * 32, acked_s=1.0)
+    looks = _Overtaken(answer)
+    fresh = FreshRows(journal, _CountingUpstream(), _Blobs(), FakeClock(), _Fleet(), looks)  # type: ignore[arg-type]
+    assert (await fresh.after_peers(row) is row) is served
+    assert (await fresh.unflushed(row) is row) is served and looks.asked == 2
+    alone = FreshRows(journal, _CountingUpstream(), _Blobs(), FakeClock(), None, looks)  # type: ignore[arg-type]
+    assert await alone.after_peers(row) is row and looks.asked == 2  # no fleet: nothing to ask

@@ -1,14 +1,16 @@
-"""A version acknowledged before its node's restart, against the bucket's (flush/recovered.py):
-dropped only for another version written well after it."""
+"""A version acknowledged before its node's restart, against the bucket's (fleet/recovered.py):
+dropped (and not served) only for another version written well after it, or one its
+key's claims know of."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway.errors import NoSuchKey
-from gateway.flush.recovered import NEWER_MARGIN_S, newer_in_bucket
+from gateway.errors import NoSuchKey, SlowDown
+from gateway.fleet.recovered import NEWER_MARGIN_S, RecoveredVersions, newer_in_bucket
 from gateway.models import FlushState, LocalObject, ObjectMeta
 
 STARTED_S = 1000.0
@@ -63,3 +65,42 @@ async def test_a_version_acknowledged_since_the_start_is_not_looked_at() -> None
     bucket = _Bucket(_there("other", STARTED_S + 100))
     assert not await newer_in_bucket(_row(STARTED_S + 1), STARTED_S, bucket, _send)  # type: ignore[arg-type]
     assert bucket.heads == 0
+
+
+async def test_reads_look_once_per_version_and_ask_the_claims_when_the_bucket_cannot_say() -> None:
+    """A delete written meanwhile leaves nothing in the bucket to compare with: with
+    replicas on, the key's claims decide. One look per version, shared by its readers."""
+    bucket = _Bucket(None)
+    asked: list[int] = []
+
+    async def claimed_newer(obj: LocalObject) -> bool:
+        asked.append(obj.seq)
+        await asyncio.sleep(0)
+        return True
+
+    looks = RecoveredVersions(STARTED_S, bucket)  # type: ignore[arg-type]
+    row = _row(900.0)
+    assert not await looks.superseded(row)  # no claims to ask: it is served
+    looks = RecoveredVersions(STARTED_S, bucket)  # type: ignore[arg-type]
+    looks.elsewhere = claimed_newer
+    answers = await asyncio.gather(*(looks.superseded(row) for _ in range(3)))
+    assert answers == [True, True, True] and asked == [1] and bucket.heads == 2
+    assert not await looks.superseded(_row(STARTED_S + 1))  # since the start: no look
+    assert bucket.heads == 2
+
+
+async def test_a_look_that_failed_is_not_remembered() -> None:
+    class _Down(_Bucket):
+        async def head_object(self, bucket: str, key: str) -> ObjectMeta:
+            self.heads += 1
+            if self.heads == 1:
+                raise SlowDown()
+            return await super().head_object(bucket, key)
+
+    bucket = _Down(_there("other", 990.0))
+    looks = RecoveredVersions(STARTED_S, bucket)  # type: ignore[arg-type]
+    with pytest.raises(SlowDown):
+        await looks.superseded(_row(900.0))
+    assert await looks.superseded(_row(900.0))
+    heads = bucket.heads
+    assert await looks.superseded(_row(900.0)) and bucket.heads == heads  # remembered now
