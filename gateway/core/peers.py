@@ -27,25 +27,26 @@ def is_unflushed(row: LocalObject | None) -> bool:
     return row is not None and row.state is not FlushState.DURABLE
 
 
-async def newest_source(
+async def newest_sources(
     fleet: FleetView, nodes: Sequence[str], bucket: str, key: str, local: LocalObject | None
-) -> tuple[str, bool] | None:
-    """The peer to read ``key`` from, and whether what it holds there is a replica (of a
-    writer that cannot answer); None when this node's row or the bucket wins.
+) -> list[tuple[str, bool]]:
+    """The peers to read ``key`` from, newest version first, each with whether what it
+    holds there is a replica (of a writer that cannot answer); empty when this node's row
+    or the bucket wins. A read tries them in turn: one that dies between its answer and
+    the read leaves the next, a replica of the same version or an older version still
+    newer than this node's row (the writer's version was answered, then its read failed,
+    and this node served its own older row: found by loadtest/fleet_soak.py).
 
     With one candidate, nothing unflushed here and every member answering, the candidate is
     read at once (one round trip: it answers "not held" if it has nothing); otherwise the
-    versions are asked first and compared (``newest_version``: a lost writer's replicas
+    versions are asked first and compared (``newest_versions``: a lost writer's replicas
     too)."""
     if len(nodes) == 1 and not is_unflushed(local) and not fleet.replica_candidates(bucket, key):
-        return nodes[0], False
-    found = await newest_version(fleet, nodes, bucket, key)
-    if found is None:
-        return None
-    best, replica = found
-    if local is not None and is_unflushed(local) and local.acked_s >= best.acked_s:
-        return None
-    return best.node_id, replica
+        return [(nodes[0], False)]
+    found = await newest_versions(fleet, nodes, bucket, key)
+    if local is not None and is_unflushed(local):
+        found = [(h, r) for h, r in found if h.acked_s > local.acked_s]
+    return [(head.node_id, replica) for head, replica in found]
 
 
 async def newest_version(
@@ -57,11 +58,26 @@ async def newest_version(
     attributes: AttributesPage | None = None,
 ) -> tuple[PeerHead, bool] | None:
     """The newest unflushed version (or delete) of ``key`` the candidates ``nodes`` hold,
-    and whether it is a replica. While a member is unreachable, it may be a writer of a
-    newer version than any candidate's (a candidate that does not answer, or one no longer
-    a candidate: its lease ran out): with replicas, their holders are asked too. Without
-    that, a node holding an older unflushed version, or a peer holding one, served it
-    until the lost writer's was taken over (found by loadtest/fleet_soak.py)."""
+    and whether it is a replica (``newest_versions``' first)."""
+    found = await newest_versions(fleet, nodes, bucket, key, attributes=attributes)
+    return found[0] if found else None
+
+
+async def newest_versions(
+    fleet: FleetView,
+    nodes: Sequence[str],
+    bucket: str,
+    key: str,
+    *,
+    attributes: AttributesPage | None = None,
+) -> list[tuple[PeerHead, bool]]:
+    """The unflushed versions (or deletes) of ``key`` the candidates ``nodes`` hold, newest
+    first, each with whether it is a replica (after its writer's own answer, for one
+    version). While a member is unreachable, it may be a writer of a newer version than
+    any candidate's (a candidate that does not answer, or one no longer a candidate: its
+    lease ran out): with replicas, their holders are asked too. Without that, a node
+    holding an older unflushed version, or a peer holding one, served it until the lost
+    writer's was taken over (found by loadtest/fleet_soak.py)."""
     heads = await fleet.heads(nodes, bucket, key, attributes=attributes) if nodes else []
     # After the candidates: one that did not answer is unreachable now (none while every
     # member answers: no cost in the usual case).
@@ -71,10 +87,8 @@ async def newest_version(
         if holders
         else []
     )
-    if not heads and not replicas:
-        return None
-    best = max([*heads, *replicas], key=lambda h: (h.acked_s, h.node_id))
-    return best, any(best is h for h in replicas)
+    found = [(h, False) for h in heads] + [(h, True) for h in replicas]
+    return sorted(found, key=lambda f: (f[0].acked_s, not f[1], f[0].node_id), reverse=True)
 
 
 async def read_newest(
@@ -95,20 +109,20 @@ async def read_newest(
     if not nodes and not is_unflushed(local):
         # A writer that cannot answer may hold it: its replicas can (--replicas).
         return await read_replica(fleet, bucket, key, method, headers, zero_copy=zero_copy)
-    source = await newest_source(fleet, nodes, bucket, key, local)
-    if source is None:
-        return None
-    node, replica = source
-    try:
-        found = await fleet.read(
-            node, bucket, key, method, headers, replica=replica, zero_copy=zero_copy
-        )
-    except PeerError as exc:
-        raise_peer_error(exc)
-    if found is None and not replica and not is_unflushed(local):
+    sources = await newest_sources(fleet, nodes, bucket, key, local)
+    for node, replica in sources:
+        try:
+            found = await fleet.read(
+                node, bucket, key, method, headers, replica=replica, zero_copy=zero_copy
+            )
+        except PeerError as exc:
+            raise_peer_error(exc)
+        if found is not None:
+            return found
+    if sources and not any(replica for _, replica in sources) and not is_unflushed(local):
         # Not held there, or it did not answer: its replicas may (--replicas).
         return await read_replica(fleet, bucket, key, method, headers, zero_copy=zero_copy)
-    return found
+    return None
 
 
 async def read_replica(

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from virtual_time import LoopClock
 
-from gateway.core.peers import newest_source
+from gateway.core.peers import newest_sources
 from gateway.errors import NoSuchKey
 from gateway.fleet.membership import StaticPeers
 from gateway.fleet.node import Fleet, FleetConfig
@@ -375,9 +375,10 @@ class SimNode:
         local = self.disk.rows.get(key)
         nodes = self.fleet.candidates(BUCKET, key)
         if nodes:
-            source = await newest_source(self.fleet, nodes, BUCKET, key, local and local.as_local())
-            if source is not None:
-                node, replica = source
+            sources = await newest_sources(
+                self.fleet, nodes, BUCKET, key, local and local.as_local()
+            )
+            for node, replica in sources:  # the next when one dies between answer and read
                 try:
                     found = await self.fleet.read(node, BUCKET, key, "HEAD", {}, replica=replica)
                 except PeerError:
