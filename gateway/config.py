@@ -388,7 +388,9 @@ GROUPS: tuple[tuple[str, dict[str, Option]], ...] = (
         "logging",
         {
             "log_level": Option(
-                _choice("debug", "info", "warning", "error"), "LEVEL", "debug|info|warning|error"
+                _choice("trace", "debug", "info", "warning", "error"),
+                "LEVEL",
+                "trace|debug|info|warning|error (debug: the gateway's; trace: its libraries' too)",
             ),
             "log_format": Option(_choice("text", "json"), "text|json", "json: one object a line"),
             "access_log": Option(_bool, _BOOL, "a line per S3 request"),

@@ -189,6 +189,8 @@ def _stop_writer() -> None:
 def configure(level: str, fmt: str, *, access_log: bool = True, stream: Any = None) -> None:
     """Install the one root handler (stderr by default) in format ``text`` or ``json``.
 
+    ``level`` debug is the gateway's own loggers' (the libraries' stay at info); trace is
+    everyone's.
     ``access_log=False`` silences the ``gateway.access`` logger. aiohttp's own access
     logger is always silenced: it prints the raw request line, presigned signature included.
     """
@@ -202,7 +204,11 @@ def configure(level: str, fmt: str, *, access_log: bool = True, stream: Any = No
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(_handoff)
-    root.setLevel(level.upper())
+    # debug is this gateway's: the libraries' (botocore logs every request's bytes) stay
+    # at info but with trace.
+    ours = logging.DEBUG if level == "trace" else logging.getLevelName(level.upper())
+    root.setLevel(max(logging.INFO, ours) if level == "debug" else ours)
+    logging.getLogger("gateway").setLevel(ours)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     access = logging.getLogger(ACCESS_LOGGER)
     access.setLevel(logging.INFO if access_log else logging.WARNING)

@@ -291,12 +291,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--logs", default="", help="copy the gateways' logs here at the end")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        help="the gateways' (debug: each version committed and where each read was served from)",
+    )
     args = p.parse_args(argv)
     moto, url = start_moto()
     upstream = upstream_client(url)
     bucket = "fleet-soak"
     upstream.create_bucket(Bucket=bucket)
-    extra = ("--replicas", "1", "--peer-timeout", str(PEER_TIMEOUT_S), "--write-back-delay", "0.2")
+    extra = (
+        *("--replicas", "1", "--peer-timeout", str(PEER_TIMEOUT_S)),
+        *("--write-back-delay", "0.2", "--log-level", args.log_level),
+    )
     with TemporaryDirectory(prefix="gw-fleet-soak-") as tmp:
         fleet = fleet_of(Path(tmp), url, NAMES, extra)
         for gw in fleet:

@@ -10,6 +10,7 @@ version like any other.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
@@ -20,6 +21,7 @@ from gateway.errors import S3Error, upstream_error
 from gateway.fleet.view import AttributesPage, FleetView, PeerError, PeerHead, PeerRead
 from gateway.models import FlushState, LocalObject
 
+log = logging.getLogger(__name__)
 PART_HEADER = "x-gateway-part-number"
 
 
@@ -116,8 +118,18 @@ async def read_newest(
                 node, bucket, key, method, headers, replica=replica, zero_copy=zero_copy
             )
         except PeerError as exc:
+            log.debug("%s/%s: %s answers %s (sources %s)", bucket, key, node, exc.code, sources)
             raise_peer_error(exc)
         if found is not None:
+            log.debug(
+                "%s/%s: read from %s%s, etag %s (sources %s)",
+                bucket,
+                key,
+                node,
+                " (a replica)" if replica else "",
+                found.head.meta.etag,
+                sources,
+            )
             return found
     if sources and not any(replica for _, replica in sources) and not is_unflushed(local):
         # Not held there, or it did not answer: its replicas may (--replicas).

@@ -19,6 +19,7 @@ flush order in step without a scan.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,6 +47,8 @@ __all__ = ["ChangeConsumer", "FenceCounter", "Journal", "RowCheck"]
 # A conditional-write check run inside a commit transaction: sees the key's current row
 # (None when the key has no local row) and raises an S3Error to refuse the write.
 RowCheck = Callable[[LocalObject | None], None]
+
+log = logging.getLogger(__name__)
 
 
 class Journal(JournalEngine):
@@ -179,6 +182,9 @@ class Journal(JournalEngine):
             body=body,
         )
         self.record(change)
+        if log.isEnabledFor(logging.DEBUG):  # what a version is, to trace reads by (--log-level)
+            what = "delete" if is_delete else f"etag {meta.etag}"
+            log.debug("%s/%s seq=%d acked %.6f: %s", meta.bucket, meta.key, seq, acked_s, what)
         watch = self._watched.get((meta.bucket, meta.key))
         if watch is not None:
             watch[1] = True  # a read-through copy begun before this write is now stale

@@ -185,7 +185,7 @@ class _Capture:
 def test_no_secret_in_debug_log(gateway_factory: Any, bucket: str, tmp_path: Path) -> None:
     path = tmp_path / "creds.yaml"
     path.write_text("".join(f"{k}: {v}\n" for k, v in PAIRS.items()))
-    gw = gateway_factory(extra_args=["--credentials-file", str(path), "--log-level", "debug"])
+    gw = gateway_factory(extra_args=["--credentials-file", str(path), "--log-level", "trace"])
     secrets = {GATEWAY_SECRET_KEY, UPSTREAM_SECRET_KEY, *PAIRS.values()}
     capture = _Capture()
     c = gw.client()

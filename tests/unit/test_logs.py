@@ -25,12 +25,13 @@ PRESIGNED_QUERY = (
 def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
-    access = logging.getLogger(logs.ACCESS_LOGGER)
-    saved_access = access.level
+    access, ours = logging.getLogger(logs.ACCESS_LOGGER), logging.getLogger("gateway")
+    saved_access, saved_ours = access.level, ours.level
     yield
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
     access.setLevel(saved_access)
+    ours.setLevel(saved_ours)
 
 
 def test_redact_query_masks_secret_values_and_keeps_the_rest() -> None:
@@ -122,3 +123,26 @@ def test_lines_are_written_off_the_calling_thread(restore_logging: None) -> None
     logs.flush()
     assert stream.getvalue() == "GET /b/k\n"
     assert writers and threading.current_thread().name not in writers
+
+
+def test_debug_is_the_gateways_own(restore_logging: None) -> None:
+    """--log-level debug traces this gateway (each version committed, each cross-node read's
+    source); botocore would log every request's bytes, so the libraries stay at info."""
+    stream = io.StringIO()
+    logs.configure("debug", "text", stream=stream)
+    logging.getLogger("gateway.core.peers").debug("read from b")
+    logging.getLogger("botocore.endpoint").debug("a request's bytes")
+    logging.getLogger("botocore.endpoint").info("kept")
+    logs.flush()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(": ", 1)[1] for line in lines] == ["read from b", "kept"]
+
+
+def test_trace_is_everyones(restore_logging: None) -> None:
+    stream = io.StringIO()
+    logs.configure("trace", "text", stream=stream)
+    logging.getLogger("botocore.endpoint").debug("a request's bytes")
+    logs.flush()
+    assert (
+        stream.getvalue().splitlines()[0].endswith("DEBUG botocore.endpoint [-]: a request's bytes")
+    )
