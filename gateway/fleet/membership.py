@@ -111,6 +111,7 @@ class Member:
     # When it came back with a new data dir: what its old one held unflushed lives only in
     # replicas until taken over (reads ask their holders meanwhile).
     new_datadir_s: float | None = None
+    old_datadir_id: str | None = None  # the one it had before (told to it: ``Fleet.on_lease``)
 
     def __post_init__(self) -> None:
         self.remote = RemoteDirectory(self.node_id)
@@ -161,6 +162,8 @@ class Membership:
         self.on_new_datadir: list[Callable[[Member, str], None]] = []
         self._saves: set[asyncio.Task[None]] = set()
         self._renewing: dict[str, asyncio.Task[LeaseGrant | None]] = {}
+        # When a member first told this node it had another data dir before (``renew``).
+        self.own_datadir_lost_s: float | None = None
         self._due: dict[str, float] = {}  # node id -> when its next renewal starts
         # What each renewal tells the member of this node's shares of buckets
         # (``flush/shares.py``; the composition root sets it when the node flushes).
@@ -266,6 +269,7 @@ class Membership:
                 self._back(member)
             if old is not None and old.datadir_id != info.datadir_id:
                 member.new_datadir_s = self._clock.monotonic()
+                member.old_datadir_id = old.datadir_id
                 log.warning(
                     "peers: %s answers with a new data dir (%s, was %s): what it held is gone",
                     info.node_id,
@@ -276,6 +280,21 @@ class Membership:
                     on_new(member, old.datadir_id)
         self._save(member)
         return member
+
+    def _own_datadir_lost(self, told_by: str, datadir_id: str | None) -> None:
+        """A member knew this node with another data dir: this one started empty after it
+        (a wiped disk, a pod on an emptyDir), and what it held there lives only in its
+        replicas until they are taken over. Reads here ask their holders meanwhile, as the
+        others do (``Fleet.replica_candidates``): they read the bucket's older version."""
+        if self.own_datadir_lost_s is not None:
+            return  # told once: the window runs from then
+        log.warning(
+            "peers: %s knew this gateway with the data dir it had before (%s): what it held "
+            "there is read from its replicas until they are taken over",
+            told_by,
+            datadir_id,
+        )
+        self.own_datadir_lost_s = self._clock.monotonic()
 
     def _back(self, member: Member) -> None:
         """A member back from a restart (a new incarnation said so, asking for this node's
@@ -326,6 +345,8 @@ class Membership:
             return None
         if member.info is None or member.info.incarnation != grant.node.incarnation:
             self.admit(grant.node, member.address)
+        if grant.your_lost_datadir not in (None, self.me.datadir_id):
+            self._own_datadir_lost(member.node_id, grant.your_lost_datadir)
         member.remote.apply_grant(grant, sent_s)
         member.note_ok()
         return grant

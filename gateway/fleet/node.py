@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -179,6 +180,7 @@ class Fleet:
 
     def on_lease(self, request: LeaseRequest, host: str) -> LeaseGrant:
         address = f"[{host}]:{request.port}" if ":" in host else f"{host}:{request.port}"
+        lost = self._lost_datadir(request.holder)
         if request.holder.node_id != self.me.node_id:
             self.membership.admit(request.holder, address)
             if self.shares is not None:
@@ -187,7 +189,27 @@ class Fleet:
                     dict(request.shares),
                     {bucket: (events, factor) for bucket, events, factor in request.cuts},
                 )
-        return self.directory.grant(request, address)
+        return dataclasses.replace(self.directory.grant(request, address), your_lost_datadir=lost)
+
+    def _lost_datadir(self, holder: NodeInfo) -> str | None:
+        """The data dir ``holder`` had before its current one, if this node saw it change
+        within the window reads ask replica holders in (``replica_candidates``); the
+        holder's own reads then ask them too (``Membership.own_datadir_lost_s``)."""
+        member = self.membership.get(holder.node_id)
+        if member is None or member.info is None:
+            return None
+        if member.info.datadir_id != holder.datadir_id:
+            return member.info.datadir_id  # told by this very request
+        if member.old_datadir_id is None or member.new_datadir_s is None:
+            return None
+        recent = member.new_datadir_s >= self._clock.monotonic() - self._lost_window_s()
+        return member.old_datadir_id if recent else None
+
+    def _lost_window_s(self) -> float:
+        """How long a member back with a new data dir counts as lost for reads: its old
+        one's replicas are taken over within a few takeover rounds; generously, a few
+        peer timeouts."""
+        return max(60.0, 4 * self.config.peer_timeout_s)
 
     def on_change(self, change: DirChange) -> None:
         member = self.membership.get(change.node_id)
@@ -285,13 +307,13 @@ class Fleet:
         if self.replication is None:
             return []
         # A member back with a new data dir lost what its old one held: its replicas hold
-        # it until taken over (a few takeover rounds; generously, a few peer timeouts).
-        since_s = self._clock.monotonic() - max(60.0, 4 * self.config.peer_timeout_s)
-        if all(
+        # it until taken over (``_lost_window_s``).
+        since_s = self._clock.monotonic() - self._lost_window_s()
+        if (self.membership.own_datadir_lost_s or -math.inf) < since_s and all(
             m.is_reachable is not False and (m.new_datadir_s or -math.inf) < since_s
             for m in self.membership.active()
         ):
-            return []  # every writer answers for itself
+            return []  # every writer answers for itself (this node too: its disk is its)
         # The holders its writer chose: rendezvous over who is reachable, this node
         # included (it may hold the replica itself), one more for a membership that moved.
         ranked = sorted(

@@ -195,6 +195,10 @@ class LeaseGrant:
     lease_s: float
     version: int
     snapshot: tuple[Dir, ...] | None
+    # The data dir the holder had before its current one, if B saw it change lately (the
+    # window reads ask replica holders in; None: none, or an older gateway): what the
+    # holder held there is gone but for its replicas.
+    your_lost_datadir: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -202,17 +206,22 @@ class LeaseGrant:
             "lease_s": self.lease_s,
             "version": self.version,
             "snapshot": None if self.snapshot is None else [list(d) for d in self.snapshot],
+            "your_lost_datadir": self.your_lost_datadir,
         }
 
     @classmethod
     def from_json(cls, raw: Any) -> LeaseGrant:
         doc = _object(raw)
         snap = doc.get("snapshot")
+        yours = doc.get("your_lost_datadir")
+        if yours is not None and not isinstance(yours, str):
+            raise WireError("your_lost_datadir: expected a string")
         return cls(
             NodeInfo.from_json(doc.get("node")),
             _number(doc, "lease_s"),
             _field(doc, "version", int),
             None if snap is None else tuple(_dirs(snap, "snapshot")),
+            yours,
         )
 
 

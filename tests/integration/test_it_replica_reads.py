@@ -6,6 +6,7 @@ checked during the loss is checked again after the takeover lands.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,3 +116,32 @@ def test_a_writer_back_with_its_disk_never_serves_a_version_deleted_meanwhile(
                 gw.client().get_object(Bucket=bucket, Key="rd/k")
             assert error_code(gone.value) == "NoSuchKey"
         assert b.status()["pending_objects"] == 1  # not flushed yet: the delay holds it
+
+
+def test_a_writer_back_with_an_empty_disk_reads_what_it_wrote_before_from_its_replicas(
+    moto_server: str, tmp_path: Path, bucket: str
+) -> None:
+    """b writes v2 over the bucket's v1 and is killed before flushing it; its disk is
+    wiped and it comes back empty (a pod on an emptyDir). Reads and copies through b get
+    v2 from its replica at once, as reads through the others do: b read the bucket's v1
+    (found by loadtest/fleet_soak.py: a copy through a node just back with a new disk
+    copied an older source). The others told b, in its first leases, of the data dir it
+    had before."""
+    gateways = _trio(tmp_path, moto_server, 60.0)
+    a, b, _ = gateways
+    upstream = upstream_client(a.upstream_url)
+    upstream.put_object(Bucket=bucket, Key="rw/k", Body=b"v1")
+    with running(gateways, NAMES, kill=True):
+        b.pause_flush()
+        b.client().put_object(Bucket=bucket, Key="rw/k", Body=b"v2 on b")
+        b.kill()
+        shutil.rmtree(b.data_dir)
+        b.start()
+        v2 = quoted_md5(b"v2 on b")
+        assert _etag(b, bucket, "rw/k") == (v2, v2, b"v2 on b")
+        s3 = b.client()
+        copied = s3.copy_object(
+            Bucket=bucket, Key="rw/copy", CopySource={"Bucket": bucket, "Key": "rw/k"}
+        )
+        assert copied["CopyObjectResult"]["ETag"] == v2
+        assert "data dir" in b.logged("data dir it had before")

@@ -249,6 +249,29 @@ def test_a_node_back_with_an_empty_disk_keeps_the_marker_held() -> None:
     run(main())
 
 
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_a_node_back_with_an_empty_disk_is_told_of_the_data_dir_it_lost(seed: int) -> None:
+    """Its reads then ask the holders of its old data dir's replicas, as the others' do
+    (with replicas on: ``Fleet.replica_candidates``). Whichever lease comes first, b's own
+    request or a peer's renewal with b, the peers tell it in their grants; a restart with
+    the disk tells nothing."""
+
+    async def main() -> None:
+        fleet = SimFleet(3, seed=seed, upload_s=(0.05, 0.1))
+        await fleet.start()
+        await asyncio.sleep(3.0)
+        b = await fleet.restart("b", wipe=True)
+        await asyncio.sleep(3.0)
+        assert b.fleet.membership.own_datadir_lost_s is not None
+        c = await fleet.restart("c")
+        await asyncio.sleep(3.0)
+        assert c.fleet.membership.own_datadir_lost_s is None
+        assert fleet.nodes["a"].fleet.membership.own_datadir_lost_s is None
+        await fleet.close()
+
+    run(main())
+
+
 def test_a_node_back_with_its_disk_is_read_through_the_others_before_it_flushes() -> None:
     """b restarts holding unflushed versions: the others ask it for them at once (its first
     lease grants carry their directories), not the bucket (a 404, or an older version)."""

@@ -35,6 +35,7 @@ COMMIT = ReplicaCommit("a", "d1", 7, META, False, ("s1",), (), 3.0)
         LeaseRequest(NODE, 9000, 0, None, (("bkt", 12.5),), (("bkt", 3, 0.8),)),
         LeaseGrant(NODE, 3.0, 9, (("bkt", "ckpt/1/"), ("bkt", ""))),
         LeaseGrant(NODE, 3.0, 9, None),
+        LeaseGrant(NODE, 3.0, 9, None, "d0"),
         DirChange("a", ("d1", 12.5), "bkt", "ckpt/1/", 4, True),
         DrainRequest("bkt", "ckpt/1/", 10.0, exclude_markers=True),
         DrainRequest(None, "", 0.0),
@@ -48,6 +49,14 @@ COMMIT = ReplicaCommit("a", "d1", 7, META, False, ("s1",), (), 3.0)
 )
 def test_messages_round_trip(message: object) -> None:
     assert type(message).from_json(message.to_json()) == message  # type: ignore[attr-defined]
+
+
+def test_a_grant_of_an_older_gateway_tells_of_no_lost_data_dir() -> None:
+    doc = LeaseGrant(NODE, 3.0, 9, None).to_json()
+    del doc["your_lost_datadir"]
+    assert LeaseGrant.from_json(doc).your_lost_datadir is None
+    with pytest.raises(WireError):
+        LeaseGrant.from_json({**doc, "your_lost_datadir": 7})
 
 
 def test_a_lease_request_without_shares_has_none() -> None:
