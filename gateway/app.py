@@ -59,7 +59,7 @@ from gateway.fleet.membership import Member, parse_peers
 from gateway.fleet.node import Fleet, FleetConfig
 from gateway.fleet.recovered import RecoveredVersions
 from gateway.fleet.rereplication import Rereplication
-from gateway.fleet.takeover import Takeover, TakeoverConfig, UploadClaims
+from gateway.fleet.takeover import DeleteNotes, Takeover, TakeoverConfig, UploadClaims
 from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo
 from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
@@ -202,6 +202,9 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
     flusher = _flusher(settings, clock, journal, blobs, upstream, gate, backoff, fleet)
     if fleet is not None:
         _lost_writers(settings, journal, flusher, fleet)
+        if fleet.deletes is not None:  # deletes noted where a node back could miss them
+            fleet.deletes.use_gate(gate)
+            flusher.deletes = fleet.deletes
         if fleet.takeover is not None:  # a lost writer's uploads and claims: this gate too
             fleet.takeover.use_gate(gate)
         # Each lease renewal tells a member what this node gets through to each bucket;
@@ -430,6 +433,13 @@ def _s3_services(
     recovered = RecoveredVersions(flusher.started_s, upstream)
     if fleet is not None and fleet.claims is not None:  # replicas on: the keys' claims
         recovered.elsewhere = fleet.claims.superseded_elsewhere
+    if fleet is not None and fleet.deletes is not None:
+        deletes = fleet.deletes
+
+        async def deleted_since(obj: LocalObject) -> bool:
+            return await deletes.deleted_since(obj, direct=True)  # a read: at once
+
+        recovered.deleted_since = deleted_since
     fresh = FreshRows(journal, upstream, blobs, clock, fleet, recovered)
     object_service = ObjectService(
         journal,
@@ -582,8 +592,10 @@ async def _fleet(
             me, config, parse_peers(settings.peers), transport, table, clock, has_unflushed
         )
         stack.push_async_callback(fleet.stop, say_bye=False)
+        claims = _claims(settings, upstream, fleet)
         if settings.replicas > 0:
-            _replicas(settings, clock, journal, blobs, upstream, fleet, transport)
+            _replicas(settings, clock, journal, blobs, upstream, fleet, transport, claims)
+        fleet.deletes = DeleteNotes(claims, me, fleet.someone_unheard)
         await fleet.load(await journal.unflushed_dirs())
     log.info("fleet: this gateway is %s; peers from %s", node_id, settings.peers)
     return fleet, secret
@@ -594,6 +606,16 @@ def _servable(fleet: Fleet) -> Callable[[Replica], Awaitable[bool]] | None:
     return None if fleet.takeover is None else fleet.takeover.is_servable
 
 
+def _claims(settings: Settings, upstream: AiobotocoreUpstream, fleet: Fleet) -> Claims:
+    """The fleet's claims in each bucket (docs/fleet.md, "Takeover"; without replicas, only
+    deletes noted: ``DeleteNotes``). A claimant is lost as the takeover judges (set by
+    ``_replicas``); without replicas nothing but deletes is claimed, and a claim left by
+    an earlier run with replicas counts as lost."""
+    me = fleet.me
+    claimant = Claimant(me.node_id, me.datadir_id, me.started_s)
+    return Claims(upstream, claimant, settings.control_prefix, lambda *n: True)
+
+
 def _replicas(
     settings: Settings,
     clock: SystemClock,
@@ -602,6 +624,7 @@ def _replicas(
     upstream: AiobotocoreUpstream,
     fleet: Fleet,
     transport: PeerClient,
+    claims: Claims,
 ) -> None:
     """Replicas and takeover (docs/fleet.md, "Node loss"): the claims every upload takes,
     the holders' loop, and (strict policy) the fence's view of lost writers."""
@@ -611,10 +634,6 @@ def _replicas(
         return any(fnmatch.fnmatchcase(name, p) for p in settings.commit_markers)
 
     me = fleet.me
-    claimant = Claimant(me.node_id, me.datadir_id, me.started_s)
-    claims = Claims(
-        upstream, claimant, settings.control_prefix, lambda *n: takeover.claimant_lost(*n)
-    )
     takeover = Takeover(
         me,
         fleet.membership,
@@ -630,6 +649,7 @@ def _replicas(
         taking_over=fleet.directory.taking_over,
     )
     fleet.takeover = takeover
+    claims.is_lost = lambda *n: takeover.claimant_lost(*n)
     fleet.claims = UploadClaims(claims, me, journal.may_be_superseded_elsewhere)
     replication = fleet.replication
     assert replication is not None

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from gateway.models import LocalObject
 from gateway.upstream.classify import Retryable
 
 _MAX_EPOCHS = 64  # a version taken over this many times is left for an operator
@@ -105,6 +106,13 @@ class Version:
     seq: int
     etag: str  # "" for a delete
 
+    @classmethod
+    def of_row(cls, obj: LocalObject, node_id: str, datadir_id: str) -> Version:
+        """The version ``obj`` is, acknowledged by ``node_id`` on its data dir."""
+        meta = obj.meta
+        etag = "" if obj.is_delete else meta.etag
+        return cls(meta.bucket, meta.key, obj.acked_s, node_id, datadir_id, obj.seq, etag)
+
     @property
     def acked_us(self) -> int:
         return round(self.acked_s * 1e6)
@@ -151,7 +159,7 @@ class Claims:
         self._bucket = bucket_client
         self._me = me
         self._prefix = control_prefix
-        self._is_lost = is_lost
+        self.is_lost = is_lost  # (the composition root may set the takeover's later)
         # The node's request gate, once the composition root has built it: a claim's
         # requests go to the bucket like its data's (paced with them, throttles counted
         # and retried); three of them per version, they would otherwise overrun a bucket
@@ -191,7 +199,7 @@ class Claims:
                 if await self._claimant(v, epoch + 1) is None:
                     return Claim(Outcome.WON, epoch)
                 continue
-            if holder is not None and not self._is_lost(
+            if holder is not None and not self.is_lost(
                 holder.node_id, holder.datadir_id, holder.started_s
             ):
                 return Claim(Outcome.HELD, epoch, holder.node_id)
@@ -219,14 +227,15 @@ class Claims:
         names = await self._names(v, direct=direct)
         return await self._on_its_way(v, names, direct=direct), set(names)
 
-    async def newer_on_its_way(self, v: Version) -> bool:
+    async def newer_on_its_way(self, v: Version, *, direct: bool = False) -> bool:
         """Whether a version of ``v``'s key newer than ``v`` is in the bucket or on its way
         there: marked done, or claimed (its latest epoch) by a claimant that is not lost.
         A newer version claimed only by claimants lost since (a writer wiped mid-upload,
         whose version may never have been acknowledged, so nobody holds a replica of it)
         is neither: ``v`` goes up (guarded), and that version follows if a member still
         holds it and takes it over."""
-        return await self._on_its_way(v, await self._names(v))
+        names = await self._names(v, direct=direct)
+        return await self._on_its_way(v, names, direct=direct)
 
     async def claimed(self, v: Version) -> set[Version]:
         """Every version of ``v``'s key claimed so far, by any writer or taker-over."""
@@ -255,7 +264,7 @@ class Claims:
             if "done" in suffixes:
                 return True
             holder = await self._claimant(other, max(int(n) for n in suffixes), direct=direct)
-            if holder is not None and not self._is_lost(
+            if holder is not None and not self.is_lost(
                 holder.node_id, holder.datadir_id, holder.started_s
             ):
                 return True

@@ -26,7 +26,7 @@ from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
 from gateway.fleet.ordering import UploadOrder
 from gateway.fleet.replication import ReplicaPolicy, Replication, ReplicaWrite, rank
 from gateway.fleet.rereplication import Rereplication
-from gateway.fleet.takeover import Takeover, UploadClaims
+from gateway.fleet.takeover import DeleteNotes, Takeover, UploadClaims
 from gateway.fleet.transport import (
     AttributesPage,
     PeerHead,
@@ -112,6 +112,7 @@ class Fleet:
         # claims.
         self.takeover: Takeover | None = None
         self.claims: UploadClaims | None = None
+        self.deletes: DeleteNotes | None = None  # every fleet (set by the composition root)
         self.rereplication: Rereplication | None = None
         self.shares: ShareReports | None = None  # set with the flusher's gate
         if config.replicas > 0:
@@ -204,6 +205,11 @@ class Fleet:
             return None
         recent = member.new_datadir_s >= self._clock.monotonic() - self._lost_window_s()
         return member.old_datadir_id if recent else None
+
+    def someone_unheard(self) -> bool:
+        """Whether a member of the fleet cannot be asked now (unreachable, or not heard
+        from yet): a delete flushed now is noted (``DeleteNotes``)."""
+        return any(m.is_reachable is not True for m in self.membership.active())
 
     def _lost_window_s(self) -> float:
         """How long a member back with a new data dir counts as lost for reads: its old

@@ -39,11 +39,20 @@ log = logging.getLogger(__name__)
 SendOne = Callable[[Callable[[], Awaitable[ObjectMeta | None]]], Awaitable[ObjectMeta | None]]
 
 
+# Whether a delete of the row's key newer than the row was noted (``view.DeleteNotes``).
+DeletedSince = Callable[[LocalObject], Awaitable[bool]]
+
+
 async def newer_in_bucket(
-    obj: LocalObject, started_s: float, upstream: Upstream, send: SendOne
+    obj: LocalObject,
+    started_s: float,
+    upstream: Upstream,
+    send: SendOne,
+    deleted_since: DeletedSince | None = None,
 ) -> bool:
     """Whether ``obj`` (acknowledged before ``started_s``, wall seconds) must not go up:
-    the bucket holds another version written more than ``NEWER_MARGIN_S`` after it."""
+    the bucket holds another version written more than ``NEWER_MARGIN_S`` after it, or
+    holds none and a newer delete of the key was noted (``deleted_since``)."""
     if obj.acked_s >= started_s:
         return False
     bucket, key = obj.meta.bucket, obj.meta.key
@@ -55,7 +64,9 @@ async def newer_in_bucket(
             return None
 
     there = await send(head)
-    if there is None or (not obj.is_delete and there.etag == obj.meta.etag):
+    if there is None:
+        return not obj.is_delete and deleted_since is not None and await deleted_since(obj)
+    if not obj.is_delete and there.etag == obj.meta.etag:
         return False
     return there.last_modified_s > obj.acked_s + NEWER_MARGIN_S
 
@@ -80,6 +91,7 @@ class RecoveredVersions:
         self.started_s = started_s
         self._upstream = upstream
         self.elsewhere: SupersededElsewhere | None = None  # set when replicas are on
+        self.deleted_since: DeletedSince | None = None  # in a fleet (``DeleteNotes``)
         self._looks: OrderedDict[tuple[str, str, int], asyncio.Task[bool]] = OrderedDict()
 
     async def superseded(self, obj: LocalObject) -> bool:
@@ -98,9 +110,9 @@ class RecoveredVersions:
         return await asyncio.shield(task)
 
     async def _look(self, obj: LocalObject) -> bool:
-        overtaken = await newer_in_bucket(obj, self.started_s, self._upstream, _at_once) or (
-            self.elsewhere is not None and await self.elsewhere(obj)
-        )
+        overtaken = await newer_in_bucket(
+            obj, self.started_s, self._upstream, _at_once, self.deleted_since
+        ) or (self.elsewhere is not None and await self.elsewhere(obj))
         if overtaken:
             log.info(
                 "%s/%s seq=%d: not served: a newer version was written while this node was down",

@@ -88,9 +88,7 @@ class UploadClaims:
         self._may_be_superseded = may_be_superseded
 
     def _version(self, obj: LocalObject) -> Version:
-        meta, me = obj.meta, self._me
-        etag = "" if obj.is_delete else meta.etag
-        return Version(meta.bucket, meta.key, obj.acked_s, me.node_id, me.datadir_id, obj.seq, etag)
+        return Version.of_row(obj, self._me.node_id, self._me.datadir_id)
 
     async def before_upload(self, obj: LocalObject) -> str:
         version = self._version(obj)
@@ -135,6 +133,41 @@ class UploadClaims:
 
     async def after_upload(self, obj: LocalObject) -> None:
         await self._claims.done(self._version(obj))
+
+
+class DeleteNotes:
+    """Deletes a node back with its disk cannot otherwise know of (docs/fleet.md, "One key
+    through two nodes", on restarts). The bucket keeps nothing of a delete; a node that was
+    down held an older version of the key and could not be asked to drop it; back, it
+    found no object and uploaded its version over the delete (without replicas; with them
+    every upload is claimed and marked done, and that tells). So a delete about to go up
+    while a member of the fleet cannot be asked is marked done in its key's claims first
+    (one small PUT, under ``--control-prefix``), and a version acknowledged before its
+    node's start whose key the bucket does not hold looks there (one LIST)."""
+
+    def __init__(self, claims: Claims, me: NodeInfo, unheard: Callable[[], bool]) -> None:
+        self._claims = claims
+        self._me = me
+        self._unheard = unheard  # whether a member cannot be asked now
+        self.noted = 0  # deletes noted (tests, status)
+
+    def _version(self, obj: LocalObject) -> Version:
+        return Version.of_row(obj, self._me.node_id, self._me.datadir_id)
+
+    def use_gate(self, gate: SendGate) -> None:
+        """The notes and the looks go to the bucket through the flusher's request gate."""
+        self._claims.gate = gate
+
+    async def before_delete(self, obj: LocalObject) -> None:
+        """Before ``obj`` (a delete) goes up: noted if a member cannot be asked."""
+        if obj.is_delete and self._unheard():
+            await self._claims.done(self._version(obj))
+            self.noted += 1
+
+    async def deleted_since(self, obj: LocalObject, *, direct: bool = False) -> bool:
+        """Whether a delete of ``obj``'s key newer than ``obj`` was noted or claimed.
+        ``direct``: for a read, not through the request gate."""
+        return await self._claims.newer_on_its_way(self._version(obj), direct=direct)
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,6 +224,20 @@ class UploadOrder(Protocol):
         ...
 
 
+class DeleteNotes(Protocol):
+    """In a fleet (docs/fleet.md, "One key through two nodes", on restarts): deletes a node
+    back with its disk could not otherwise know of."""
+
+    async def before_delete(self, obj: LocalObject) -> None:
+        """Before ``obj`` goes up: a delete is noted in its key's claims if a member cannot
+        be asked now. Raises a FlushError when the bucket cannot be asked."""
+        ...
+
+    async def deleted_since(self, obj: LocalObject, *, direct: bool = False) -> bool:
+        """Whether a delete of ``obj``'s key newer than ``obj`` was noted (or claimed)."""
+        ...
+
+
 class UploadClaims(Protocol):
     """With replicas on (docs/fleet.md, "Takeover"): one uploader per version."""
 

@@ -42,7 +42,7 @@ from typing import BinaryIO, TypeVar
 from gateway import metrics
 from gateway.clock import Clock
 from gateway.fleet.recovered import newer_in_bucket
-from gateway.fleet.view import MarkerHolds, UploadClaims, UploadOrder
+from gateway.fleet.view import DeleteNotes, MarkerHolds, UploadClaims, UploadOrder
 from gateway.flush.admission import BudgetStatus
 from gateway.flush.backoff import Backoff
 from gateway.flush.early import EarlyUploads
@@ -131,6 +131,9 @@ class Flusher:
         # Versions acknowledged before this start are compared with the bucket once
         # (recovered.py): peers that wrote their keys meanwhile could not ask this node.
         self.started_s = clock.wall()
+        # In a fleet: deletes a node back from a restart must not upload over (the
+        # composition root sets it: fleet/recovered.py ``DeleteNotes``).
+        self.deletes: DeleteNotes | None = None
         self._withdrawn: set[tuple[str, str, int]] = set()  # versions never to upload
         self.progress = FlushProgress(clock.monotonic)  # bytes in flight, measured rates
         self.gate.on_accepted, self.gate.on_retry = self.progress.accepted, self.progress.failed
@@ -355,11 +358,17 @@ class Flusher:
             if self._upload_order is not None and not await self._upload_order.before_upload(obj):
                 return await self._drop(obj)  # a peer's newer version is in the bucket
             if self._upload_order is not None and await newer_in_bucket(
-                obj, self.started_s, self._upstream, lambda call: self._send(lane, obj, 0, call)
+                obj,
+                self.started_s,
+                self._upstream,
+                lambda call: self._send(lane, obj, 0, call),
+                self.deletes.deleted_since if self.deletes is not None else None,
             ):
                 return await self._drop(obj)  # written meanwhile while this node was down
             if not await self._claimed(obj):  # with replicas: uploaded by another gateway
                 return await self._record_durable(obj)
+            if self._claims is None and self.deletes is not None:  # (claimed: noted already)
+                await self.deletes.before_delete(obj)
             with self.progress.upload(obj.meta.bucket, obj.meta.key, obj.meta.size_bytes):
                 await self._upload(obj, lane)
             if self._claims is not None:

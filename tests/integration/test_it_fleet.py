@@ -561,6 +561,35 @@ def test_a_node_back_with_its_disk_never_uploads_over_a_newer_version(
     assert "goes instead" in b.logged("goes instead")
 
 
+def test_a_node_back_with_its_disk_never_uploads_over_a_delete_made_meanwhile(
+    pair: list[Any], bucket: str
+) -> None:
+    """As above with a delete: b holds an unflushed PUT when it is killed, and the key is
+    deleted through a and flushed while b is down. The bucket keeps nothing of a delete:
+    b, back with its disk, found no object and uploaded its older version over the delete
+    (without replicas). a noted the delete in the key's claims (b could not be asked);
+    b finds it there, serves nothing of its version and drops it."""
+    a, b = pair
+    upstream = fleet_upstream(a)
+    upstream.put_object(Bucket=bucket, Key="rd/k", Body=b"v1")
+    b.pause_flush()
+    b.client().put_object(Bucket=bucket, Key="rd/k", Body=b"v2, through b")
+    b.kill()
+    until(lambda: member(a, "b").get("state") == "unreachable", 20)
+    a.client().delete_object(Bucket=bucket, Key="rd/k")
+    until(lambda: "rd/k" not in upstream_objects(upstream, bucket), 30)
+    until(lambda: a.admin_get("/admin/v1/fleet")["announced_directories"] == 0, 20)
+    b.start()  # its flusher runs again (a pause is not kept across a restart)
+    wait_joined([a, b], ("a", "b"))
+    for gw in (b, a):
+        with pytest.raises(ClientError) as gone:
+            gw.client().head_object(Bucket=bucket, Key="rd/k")
+        assert error_code(gone.value) in ("404", "NoSuchKey")
+    until(lambda: b.status()["pending_objects"] == 0, 30)
+    assert "rd/k" not in upstream_objects(upstream, bucket)
+    assert "goes instead" in b.logged("goes instead")
+
+
 def _marker_state(gw: GatewayProcess, bucket: str, key: str) -> tuple[str | None, str | None]:
     return held_by(gw.client().head_object(Bucket=bucket, Key=key))
 

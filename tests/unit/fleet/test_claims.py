@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.fleet.claims import Claimant, Claims, Outcome, Version, key_prefix
-from gateway.fleet.takeover import UploadClaims
+from gateway.fleet.takeover import DeleteNotes, UploadClaims
 from gateway.fleet.wire import NodeInfo
 from gateway.models import FlushState, LocalObject, ObjectMeta
 
@@ -183,3 +183,27 @@ async def test_a_row_an_earlier_run_left_does_not_follow_its_newer_version_taken
     # A row of this run is never superseded so: its claim alone decides (one request less).
     plain = UploadClaims(claims_of(bucket, "a", started_s=2.0), me)
     assert await plain.before_upload(_row(9)) == "upload"
+
+
+def _row(acked_s: float, *, is_delete: bool = False, seq: int = 5) -> LocalObject:
+    meta = ObjectMeta("b", "k", 0 if is_delete else 1, "" if is_delete else "e1", acked_s)
+    return LocalObject(meta, seq, FlushState.PENDING, None, is_delete, acked_s=acked_s)
+
+
+async def test_a_delete_flushed_while_a_member_cannot_be_asked_is_noted_for_it() -> None:
+    """DeleteNotes (without replicas): a's delete is noted only while someone is unheard;
+    b's older version of the key, acknowledged before b's restart, finds it; a version
+    newer than the delete does not."""
+    bucket = MemoryBucket()
+    unheard = [False]
+    a_node = NodeInfo("a", "dir-a", 1.0)
+    a = DeleteNotes(claims_of(bucket, "a"), a_node, lambda: unheard[0])
+    await a.before_delete(_row(200.0, is_delete=True))
+    assert a.noted == 0 and not bucket.objects  # everyone answers: they are asked
+    unheard[0] = True
+    await a.before_delete(_row(150.0))  # not a delete: nothing
+    await a.before_delete(_row(200.0, is_delete=True))
+    assert a.noted == 1 and len(bucket.objects) == 1
+    b = DeleteNotes(claims_of(bucket, "b"), NodeInfo("b", "dir-b", 1.0), lambda: False)
+    assert await b.deleted_since(_row(190.0))
+    assert not await b.deleted_since(_row(210.0))

@@ -104,3 +104,23 @@ async def test_a_look_that_failed_is_not_remembered() -> None:
     assert await looks.superseded(_row(900.0))
     heads = bucket.heads
     assert await looks.superseded(_row(900.0)) and bucket.heads == heads  # remembered now
+
+
+async def test_with_no_object_in_the_bucket_a_noted_delete_decides() -> None:
+    """The bucket keeps nothing of a delete: with no object there, a PUT acknowledged
+    before the restart gives way to a delete noted after it (DeleteNotes); a delete of
+    its own asks nothing."""
+    asked: list[float] = []
+
+    async def deleted_after(obj: LocalObject) -> bool:
+        asked.append(obj.acked_s)
+        return obj.acked_s < 950.0
+
+    empty = _Bucket(None)
+    assert await newer_in_bucket(_row(900.0), STARTED_S, empty, _send, deleted_after)  # type: ignore[arg-type]
+    assert not await newer_in_bucket(_row(960.0), STARTED_S, empty, _send, deleted_after)  # type: ignore[arg-type]
+    gone = _row(900.0, "", is_delete=True)
+    assert not await newer_in_bucket(gone, STARTED_S, empty, _send, deleted_after)  # type: ignore[arg-type]
+    there = _Bucket(_there("mine", 950.0))
+    assert not await newer_in_bucket(_row(900.0), STARTED_S, there, _send, deleted_after)  # type: ignore[arg-type]
+    assert asked == [900.0, 960.0]
