@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from gateway import metrics
-from gateway.errors import SlowDown
+from gateway.errors import InternalError, SlowDown
 from gateway.fleet.membership import Member, Membership
 from gateway.fleet.transport import PeerTransport, PeerUnavailable, crc32c_sum, is_crc32c_sum
 from gateway.fleet.view import Holder
@@ -106,9 +106,22 @@ class Replication:
         committed and applies no policy: nothing is being acknowledged."""
         return ReplicaWrite(self, bucket, key, holders, None, is_remake=True)
 
-    def _enough(self, copies: int, what: str) -> None:
+    def _enough(self, copies: int, what: str, *, committed_here: bool = False) -> None:
+        """Strict policy: too few copies refuse the write. Before anything is committed
+        that is SlowDown (it did not happen: S3's refusal of a request); once the version
+        is committed here it stays and may be uploaded, so the answer is InternalError,
+        whose outcome a client takes as unknown (it retries, or reads what happened): a
+        SlowDown there was taken for "not written", and a copy or read through this node
+        then saw the version the client believed refused (found by
+        loadtest/fleet_soak.py)."""
         if copies >= self.policy.copies:
             return
+        if self.policy.is_strict and committed_here:
+            raise InternalError(
+                f"Only {copies} of the {self.policy.copies} replicas this gateway needs "
+                "(--replicas) committed: the write is stored on this gateway, not "
+                "acknowledged, and may still be uploaded; retry it."
+            )
         if self.policy.is_strict:
             raise SlowDown(
                 f"Only {copies} of the {self.policy.copies} replicas this gateway needs "
@@ -314,7 +327,7 @@ class ReplicaWrite:
         copies = sum(results)
         if not self._is_remake:
             wanted = self._replication.policy.copies
-            self._replication._enough(copies, f"{meta.bucket}/{meta.key}")
+            self._replication._enough(copies, f"{meta.bucket}/{meta.key}", committed_here=True)
             short = self._replication.short
             if copies < wanted and short is not None:  # degraded: the object's state says so
                 await short.note(meta.bucket, meta.key, seq, copies, wanted)

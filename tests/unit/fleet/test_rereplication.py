@@ -8,10 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from gateway.cli_fleet import format_fleet
+from gateway.errors import InternalError, SlowDown
 from gateway.fleet.membership import Member
 from gateway.fleet.replication import ReplicaPolicy, Replication, choose
 from gateway.fleet.rereplication import _TRIES, Rereplication
+from gateway.fleet.transport import PeerUnavailable
 from gateway.fleet.wire import NodeInfo
 from gateway.models import FlushState, LocalObject, ObjectMeta
 
@@ -154,3 +158,27 @@ async def test_a_version_no_holder_takes_is_left_after_some_rounds() -> None:
     await world.rere.round()
     assert [k for k, _ in world.sent[before:]] == held_by_a[1:]
     assert world.rere.events == {}
+
+
+class _DeadHolders:
+    """A transport whose holders die before the commit."""
+
+    async def replica_commit(self, address: str, doc: object, timeout_s: float) -> list[str]:
+        raise PeerUnavailable("replica/commit: gone")
+
+
+async def test_too_few_commits_after_the_local_one_are_an_internal_error_not_a_refusal() -> None:
+    """Strict policy: SlowDown only before anything is written (it did not happen); a
+    version committed here whose holders then fail stays and may be uploaded: InternalError,
+    whose outcome a client takes as unknown (the soak found a SlowDown taken for "not
+    written" while the version was read and copied through this node)."""
+    members: Any = _Members("a", "b")
+    replication = Replication(ME, members, _DeadHolders(), ReplicaPolicy(1))  # type: ignore[arg-type]
+    write = replication.start("bkt", "k")
+    meta = ObjectMeta("bkt", "k", 0, "", 10.0)
+    with pytest.raises(InternalError):
+        await write.commit(write.holders, 7, meta, 10.0, is_delete=True)
+    for m in members.active():
+        m.note_failure(0.0, "down")
+    with pytest.raises(SlowDown):
+        replication.start("bkt", "k2")
