@@ -34,10 +34,12 @@ from virtual_time import LoopClock
 
 from gateway.core.peers import newest_sources
 from gateway.errors import NoSuchKey
+from gateway.fleet.claims import Claimant, Claims
 from gateway.fleet.membership import StaticPeers
 from gateway.fleet.node import Fleet, FleetConfig
 from gateway.fleet.ordering import held_answer
 from gateway.fleet.recovered import newer_in_bucket
+from gateway.fleet.takeover import DeleteNotes
 from gateway.fleet.transport import (
     AttributesPage,
     PeerError,
@@ -243,6 +245,20 @@ class Bucket:
 
     objects: dict[str, tuple[str, float]] = field(default_factory=dict)
     log: list[tuple[float, str, str]] = field(default_factory=list)
+    control: dict[str, bytes] = field(default_factory=dict)  # claims (deletes noted)
+
+    async def put_if_absent(self, bucket: str, key: str, body: bytes) -> bool:
+        """The claims' conditional PUT (``DeleteNotes``), at once."""
+        if key in self.control:
+            return False
+        self.control[key] = body
+        return True
+
+    async def get_small(self, bucket: str, key: str) -> bytes | None:
+        return self.control.get(key)
+
+    async def list_keys(self, bucket: str, prefix: str) -> list[str]:
+        return sorted(k for k in self.control if k.startswith(prefix))
 
     def put(self, key: str, value: str, now_s: float, is_delete: bool) -> None:
         if is_delete:
@@ -302,6 +318,11 @@ class SimNode:
             LoopClock(),
             self._has_unflushed,
         )
+        claimant = Claimant(name, disk.datadir_id, me.started_s)
+        claims = Claims(bucket, claimant, ".gateway/", lambda *n: True)
+        # As every gateway of a fleet (fleet/takeover.py): deletes noted while a member
+        # cannot be asked, looked at by a version from before this start.
+        self.deletes = DeleteNotes(claims, me, self.fleet.someone_unheard)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -453,9 +474,13 @@ class SimNode:
         with the bucket's (fleet/recovered.py). False when this one is not to go up (a
         newer version is durable: dropped; or a peer could not be asked: later)."""
         try:
-            if await self.fleet.upload_order.before_upload(row.as_local()) and not (
-                await newer_in_bucket(row.as_local(), self.started_s, self, _at_once)  # type: ignore[arg-type]
+            local = row.as_local()
+            if await self.fleet.upload_order.before_upload(local) and not (
+                await newer_in_bucket(
+                    local, self.started_s, self, _at_once, self.deletes.deleted_since
+                )  # type: ignore[arg-type]
             ):
+                await self.deletes.before_delete(local)
                 return row.seq not in self.withdrawn
         except FlushError:
             await asyncio.sleep(1.0)

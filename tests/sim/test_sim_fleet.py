@@ -320,6 +320,32 @@ def test_a_node_back_with_its_disk_never_uploads_over_a_newer_version() -> None:
     run(main())
 
 
+@pytest.mark.parametrize("seed", [21, 22, 23])
+def test_a_node_back_with_its_disk_never_uploads_over_a_delete_made_meanwhile(seed: int) -> None:
+    """As above with a delete: the bucket keeps nothing of it, and a noted it in the key's
+    claims (b could not be asked); b back with its disk drops its older version."""
+
+    async def main() -> None:
+        fleet = SimFleet(3, seed=seed, upload_s=(0.05, 0.1))
+        await fleet.start()
+        await fleet.nodes["a"].put("rd/k", "v1")
+        await asyncio.sleep(5.0)
+        fleet.nodes["b"].is_paused = True
+        await fleet.nodes["b"].put("rd/k", "older, through b")
+        fleet.nodes["b"].kill()
+        await asyncio.sleep(10.0)
+        await fleet.nodes["a"].put("rd/k", "", is_delete=True)
+        await asyncio.sleep(10.0)  # flushed, and a's directory withdrawn
+        assert "rd/k" not in fleet.bucket.objects and fleet.nodes["a"].deletes.noted == 1
+        b = await fleet.restart("b")
+        await asyncio.sleep(20.0)
+        assert not b.disk.pending and b.dropped == 1
+        assert "rd/k" not in fleet.bucket.objects
+        await fleet.close()
+
+    run(main())
+
+
 def test_a_write_right_after_a_restart_is_read_through_the_others() -> None:
     """a is back from a restart and acknowledges a write at once: b and c saw it down and
     hold no lease from its new incarnation yet, so it told them nothing. They must ask it
