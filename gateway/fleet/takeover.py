@@ -149,7 +149,7 @@ class DeleteNotes:
         self._claims = claims
         self._me = me
         self._unheard = unheard  # whether a member cannot be asked now
-        self.noted = 0  # deletes noted (tests, status)
+        self.noted = 0  # deletes noted (tests)
 
     def _version(self, obj: LocalObject) -> Version:
         return Version.of_row(obj, self._me.node_id, self._me.datadir_id)
