@@ -57,10 +57,11 @@ from gateway.fleet.client import PeerClient
 from gateway.fleet.fence import LostWriters
 from gateway.fleet.membership import Member, parse_peers
 from gateway.fleet.node import Fleet, FleetConfig
+from gateway.fleet.ordering import TAKEOVER_WAIT_S, give_way
 from gateway.fleet.recovered import RecoveredVersions
 from gateway.fleet.rereplication import Rereplication
 from gateway.fleet.takeover import DeleteNotes, Takeover, TakeoverConfig, UploadClaims
-from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo
+from gateway.fleet.wire import DrainAnswer, DrainRequest, NodeInfo, SupersedeAnswer, Superseding
 from gateway.flush import stuck
 from gateway.flush.backoff import Backoff
 from gateway.flush.control import RateConfig
@@ -207,6 +208,7 @@ async def _start(settings: Settings, stack: contextlib.AsyncExitStack) -> Runnin
             flusher.deletes = fleet.deletes
         if fleet.takeover is not None:  # a lost writer's uploads and claims: this gate too
             fleet.takeover.use_gate(gate)
+            _takeover_in_order(fleet, fleet.takeover, journal, flusher)
         # Each lease renewal tells a member what this node gets through to each bucket;
         # a member that stops sending to one hands its share over (flush/shares.py).
         shares = FleetShares(gate, clock.monotonic)
@@ -604,6 +606,21 @@ async def _fleet(
 def _servable(fleet: Fleet) -> Callable[[Replica], Awaitable[bool]] | None:
     """What replica reads ask before serving one (docs/fleet.md, "Takeover", on reads)."""
     return None if fleet.takeover is None else fleet.takeover.is_servable
+
+
+def _takeover_in_order(
+    fleet: Fleet, takeover: Takeover, journal: Journal, flusher: Flusher
+) -> None:
+    """A version taken over goes up as its writer's would (docs/fleet.md, "Takeover"): the
+    key's older versions give way first, on the peers and on this node."""
+    node_id = fleet.me.node_id
+
+    async def here(asker: str, version: Superseding) -> SupersedeAnswer:
+        row = await journal.get(version.bucket, version.key)
+        return await give_way(row, node_id, asker, version, flusher.withdraw, TAKEOVER_WAIT_S)
+
+    fleet.upload_order.here = here
+    takeover.in_order = fleet.upload_order.before_takeover
 
 
 def _claims(settings: Settings, upstream: AiobotocoreUpstream, fleet: Fleet) -> Claims:

@@ -42,7 +42,7 @@ from gateway.fleet.client import (
     encode_error,
     encode_head,
 )
-from gateway.fleet.ordering import held_answer
+from gateway.fleet.ordering import give_way
 from gateway.fleet.transport import PeerHead
 from gateway.fleet.wire import (
     PATH_PREFIX,
@@ -58,7 +58,7 @@ from gateway.fleet.wire import (
     WireError,
 )
 from gateway.flush import stuck
-from gateway.models import FlushState, LocalObject
+from gateway.models import LocalObject
 from gateway.s3.handlers.objects import read_options
 from gateway.s3.streaming import send_body
 
@@ -189,13 +189,7 @@ async def _superseded(
     side: PeerSide, ask: SupersedeRequest, version: Superseding
 ) -> SupersedeAnswer:
     row = await side.journal.get(version.bucket, version.key)
-    if row is None or side.withdraw is None:
-        return SupersedeAnswer()
-    is_durable = row.state is FlushState.DURABLE
-    answer = held_answer(row.acked_s, side.fleet.me.node_id, is_durable, ask.node, version)
-    if answer is not None:
-        return answer
-    return SupersedeAnswer(busy=not await side.withdraw(row, ask.wait_s))
+    return await give_way(row, side.fleet.me.node_id, ask.node, version, side.withdraw, ask.wait_s)
 
 
 async def _rows(side: PeerSide, doc: Any, request: web.Request) -> Any:

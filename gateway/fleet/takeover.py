@@ -31,7 +31,7 @@ from gateway.fleet.claims import Claims, Outcome, SendGate, Version
 from gateway.fleet.membership import Membership
 from gateway.fleet.standing import Look, Standing, standing, version_of
 from gateway.fleet.transport import PeerTransport, PeerUnavailable
-from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest, NodeInfo
+from gateway.fleet.wire import ANY_LOST_WRITER, DrainAnswer, DrainRequest, NodeInfo, Superseding
 from gateway.models import LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore, close_bodies, open_bodies
 from gateway.store.replicas import Replica, ReplicaStore, newest_of_each_key
@@ -217,6 +217,9 @@ class Takeover:
         self.gate: SendGate | None = None
         self._servable: dict[tuple[str, str, int], tuple[float, bool]] = {}
         self._taking_over = taking_over
+        # The key's older versions, on peers and here, give way first (``UploadOrder.
+        # before_takeover``; set by the composition root once the flusher exists).
+        self.in_order: Callable[[Superseding, str], Awaitable[bool]] | None = None
 
     def use_gate(self, gate: SendGate) -> None:
         """Send the uploads taken over, and every claim's requests (this node's own
@@ -454,6 +457,12 @@ class Takeover:
         (If-Match / If-None-Match), so a newer version that lands after the look fails
         the write and is seen at the next look."""
         meta = replica.meta
+        version = Superseding(meta.bucket, meta.key, replica.acked_s)
+        if self.in_order is not None and not await self.in_order(version, replica.owner):
+            log.info(
+                "%s/%s: a newer version is in the bucket; not taken over", meta.bucket, meta.key
+            )
+            return
         for _ in range(3):
             look = await self.look(replica)
             if look.standing is not Standing.NEWEST:

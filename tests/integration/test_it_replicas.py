@@ -37,6 +37,7 @@ from harness import (
 )
 
 from gateway.fleet import auth
+from gateway.fleet.replication import rank
 from gateway.fleet.wire import ReplicaCommit
 from gateway.models import ObjectMeta
 
@@ -330,6 +331,48 @@ def test_a_writer_back_with_an_empty_disk_is_read_from_its_replicas_until_taken_
     for gw in (b, c, b):
         for key, body in bodies.items():
             assert gw.client().head_object(Bucket=bucket, Key=key)["ETag"] == quoted_md5(body)
+
+
+def test_older_versions_pending_anywhere_give_way_to_a_version_taken_over(
+    moto_server: str, tmp_path: Path, bucket: str
+) -> None:
+    """a and c hold older unflushed versions of a key, b the newest, and b is lost; its
+    holder takes b's version over before a and c flush (the holder's own is kept by a
+    write-back delay, the other's by a paused flusher: a paused holder takes nothing
+    over). Neither older version may go up after it: they went over it (found on a busy
+    machine by the test above, when the takeover came before the holder's own older
+    upload). The takeover now asks the key's candidates, and its own row, to give way
+    first, as b's own upload would have."""
+    gateways = fleet_of(tmp_path, moto_server, ("a", "b", "c"), REPLICAS)
+    by_name = dict(zip(("a", "b", "c"), gateways, strict=True))
+    key = "tk/k"
+    holder_name = max(("a", "c"), key=lambda n: rank(n, bucket, key))  # b's choice
+    holder = by_name[holder_name]
+    other = by_name["c" if holder_name == "a" else "a"]
+    holder.extra_args += ["--write-back-delay", "20"]
+    start_all(gateways)
+    try:
+        wait_joined(gateways, ("a", "b", "c"))
+        b = by_name["b"]
+        other.pause_flush()
+        b.pause_flush()
+        holder.client().put_object(Bucket=bucket, Key=key, Body=b"oldest, on the holder")
+        other.client().put_object(Bucket=bucket, Key=key, Body=b"older, on the other")
+        b.client().put_object(Bucket=bucket, Key=key, Body=b"newest, on b")
+        assert ("b", key) in replicas_held(holder)
+        newest = quoted_md5(b"newest, on b")
+        b.kill()
+        upstream = upstream_client(holder.upstream_url)
+        until(lambda: data_objects(upstream, bucket, "tk/").get(key, {}).get("ETag") == newest, 30)
+        other.resume_flush()
+        for gw in (holder, other):  # withdrawn: nothing of theirs left to go up
+            until(lambda gw=gw: gw.status()["pending_objects"] == 0, 10)
+        assert data_objects(upstream, bucket, "tk/")[key]["ETag"] == newest
+        for gw in (holder, other):
+            assert read_body(gw.client().get_object(Bucket=bucket, Key=key)) == b"newest, on b"
+    finally:
+        for gw in gateways:
+            gw.kill()
 
 
 def test_strict_refuses_what_cannot_be_replicated_and_degrade_acknowledges_it(

@@ -39,7 +39,14 @@ from gateway.fleet.membership import Member
 from gateway.fleet.replication import ReplicaPolicy, Replication
 from gateway.fleet.rereplication import Rereplication
 from gateway.fleet.takeover import Takeover, TakeoverConfig, UploadClaims
-from gateway.fleet.wire import DrainAnswer, DrainRequest, ReplicaCommit
+from gateway.fleet.wire import (
+    DrainAnswer,
+    DrainRequest,
+    ReplicaCommit,
+    SupersedeAnswer,
+    SupersedeRequest,
+    Superseding,
+)
 from gateway.models import FlushState, LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore
 from gateway.store.journal import Journal
@@ -267,6 +274,10 @@ class ReplicaNode(SimNode):
             held_bytes=lambda: 0,
             wait_fleet_drained=self.fleet.fence.drained_everywhere,
         )
+        # As the composition root: a version taken over goes up as its writer's would, the
+        # key's older versions (on peers, and here) giving way first.
+        self.fleet.upload_order.here = self._give_way_here
+        self.takeover.in_order = self.fleet.upload_order.before_takeover
         # As Journal.may_be_superseded_elsewhere: rows an earlier run left (it may have
         # died between a newer version's early commit on a holder and its own).
         self.first_seq = self.disk.next_seq
@@ -289,6 +300,10 @@ class ReplicaNode(SimNode):
         await super().start()
         self.spawn(self._rounds(self.takeover.round, 1.0))
         self.spawn(self._rounds(self.rereplication.round, 2.0))
+
+    async def _give_way_here(self, asker: str, version: Superseding) -> SupersedeAnswer:
+        """This node's own row of a key taken over from here, asked as a peer is."""
+        return await self._superseded(SupersedeRequest(asker, (version,), 5.0), version)
 
     async def _rounds(self, one: Callable[[], Any], every_s: float) -> None:
         """``Takeover.run``, ``Rereplication.run`` while the node is up (see

@@ -123,3 +123,31 @@ async def test_a_failed_request_fails_every_version_of_its_batch() -> None:
     )
     assert all(isinstance(r, Retryable) for r in results)
     assert len(transport.asked) == 1
+
+
+async def test_a_takeover_asks_in_its_writers_name_and_this_nodes_own_row_too() -> None:
+    """A version taken over from here goes up as its lost writer's would: the candidates
+    are asked in the writer's name (reads order versions by it), and this node's own row
+    of the key gives way as well; a newer durable one here stops the takeover."""
+    transport = _Transport({"x.peers:9000": SupersedeAnswer()})
+    order = _order(["x"], transport, _Members("x"))
+    asked_here: list[tuple[str, Superseding]] = []
+    here_answer = SupersedeAnswer()
+
+    async def here(asker: str, version: Superseding) -> SupersedeAnswer:
+        asked_here.append((asker, version))
+        return here_answer
+
+    order.here = here
+    version = Superseding("b", "ckpt/k", 50.0)
+    assert await order.before_takeover(version, "lost")
+    assert [(a, r.node, r.versions) for a, r in transport.asked] == [
+        ("x.peers:9000", "lost", (version,))
+    ]
+    assert asked_here == [("lost", version)]
+    here_answer = SupersedeAnswer(newer=True)
+    assert not await order.before_takeover(version, "lost")
+    here_answer = SupersedeAnswer(busy=True)
+    with pytest.raises(Retryable):
+        await order.before_takeover(version, "lost")
+    assert await order.before_upload(ROW) and len(asked_here) == 3  # its own: not asked
