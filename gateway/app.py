@@ -670,8 +670,9 @@ def _replicas(
     fleet.claims = UploadClaims(claims, me, journal.may_be_superseded_elsewhere)
     replication = fleet.replication
     assert replication is not None
-    if settings.replica_policy != "strict":
-        replication.short = ShortCopies(journal)
+    # Versions with fewer copies than asked: acknowledged so (degrade), or committed here
+    # and answered 500 (strict): their state says so, and re-replication tops them up.
+    replication.short = ShortCopies(journal)
 
     async def remake(row: LocalObject, holders: Sequence[Member]) -> int:
         write = replication.remake(row.meta.bucket, row.meta.key, list(holders))

@@ -327,10 +327,12 @@ class ReplicaWrite:
         copies = sum(results)
         if not self._is_remake:
             wanted = self._replication.policy.copies
-            self._replication._enough(copies, f"{meta.bucket}/{meta.key}", committed_here=True)
             short = self._replication.short
-            if copies < wanted and short is not None:  # degraded: the object's state says so
+            if copies < wanted and short is not None:
+                # Degraded, or committed here and refused (strict): either way the version
+                # is here with fewer copies; its state says so, and it is topped up later.
                 await short.note(meta.bucket, meta.key, seq, copies, wanted)
+            self._replication._enough(copies, f"{meta.bucket}/{meta.key}", committed_here=True)
         return copies
 
     async def withdraw(self, seq: int) -> bool:

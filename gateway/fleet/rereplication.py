@@ -143,9 +143,10 @@ class Rereplication:
                 )
 
     async def _top_up(self) -> None:
-        """Versions acknowledged with fewer copies than wanted (``--replica-policy
-        degrade``): sent to their holders once enough members are reachable; forgotten once
-        durable upstream or replaced."""
+        """Versions here with fewer copies than wanted (acknowledged so under
+        ``--replica-policy degrade``; committed here and answered 500 under strict): sent
+        to their holders once enough members are reachable; forgotten once durable
+        upstream or replaced."""
         short, wanted = self._replication.short, self._replication.policy.copies
         if short is None or self._row_of is None or not short.versions():
             return

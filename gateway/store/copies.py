@@ -43,7 +43,8 @@ class ShortCopies:
         return [(b, k, s) for (b, k), (s, _, _) in self._short.items()]
 
     async def note(self, bucket: str, key: str, seq: int, copies: int, wanted: int) -> None:
-        """``seq`` of ``key`` was acknowledged with ``copies`` of ``wanted`` replicas."""
+        """``seq`` of ``key`` is here with ``copies`` of ``wanted`` replicas (acknowledged
+        so, or committed and refused)."""
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(

@@ -174,10 +174,18 @@ async def test_too_few_commits_after_the_local_one_are_an_internal_error_not_a_r
     written" while the version was read and copied through this node)."""
     members: Any = _Members("a", "b")
     replication = Replication(ME, members, _DeadHolders(), ReplicaPolicy(1))  # type: ignore[arg-type]
+    noted: list[tuple[str, str, int, int, int]] = []
+
+    class _Short:
+        async def note(self, bucket: str, key: str, seq: int, copies: int, wanted: int) -> None:
+            noted.append((bucket, key, seq, copies, wanted))
+
+    replication.short = _Short()  # type: ignore[assignment]
     write = replication.start("bkt", "k")
     meta = ObjectMeta("bkt", "k", 0, "", 10.0)
     with pytest.raises(InternalError):
         await write.commit(write.holders, 7, meta, 10.0, is_delete=True)
+    assert noted == [("bkt", "k", 7, 0, 1)]  # its state says 0/1; it is topped up later
     for m in members.active():
         m.note_failure(0.0, "down")
     with pytest.raises(SlowDown):
