@@ -435,13 +435,8 @@ def _s3_services(
     recovered = RecoveredVersions(flusher.started_s, upstream)
     if fleet is not None and fleet.claims is not None:  # replicas on: the keys' claims
         recovered.elsewhere = fleet.claims.superseded_elsewhere
-    if fleet is not None and fleet.deletes is not None:
-        deletes = fleet.deletes
-
-        async def deleted_since(obj: LocalObject) -> bool:
-            return await deletes.deleted_since(obj, direct=True)  # a read: at once
-
-        recovered.deleted_since = deleted_since
+    if fleet is not None and fleet.deletes is not None:  # a read's look: at once
+        recovered.deleted_since = functools.partial(fleet.deletes.deleted_since, direct=True)
     fresh = FreshRows(journal, upstream, blobs, clock, fleet, recovered)
     object_service = ObjectService(
         journal,

@@ -126,7 +126,6 @@ class FreshRows:
                 exc,
             )
             return row
-        return None
 
     async def _drop(self, row: LocalObject) -> None:
         dropped = await self._journal.drop_copy(row)
