@@ -3,7 +3,7 @@ every restart each acknowledged object reads back with its bytes and ETag, nothi
 visible, tmp/ is empty; after the last one the upstream holds exactly the acknowledged
 versions, no upstream multipart upload is left open and no orphan blob file remains.
 
-CI size: 20 kill points (``GATEWAY_CRASH_KILLS`` overrides); loadtest/crash_soak.py runs more.
+CI size: 12 kill points (``GATEWAY_CRASH_KILLS`` overrides); loadtest/crash_soak.py runs more.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from crashload import (
 )
 from harness import GatewayProcess, unique_bucket_name
 
-KILLS = int(os.environ.get("GATEWAY_CRASH_KILLS", "20"))
+KILLS = int(os.environ.get("GATEWAY_CRASH_KILLS", "12"))
 
 
 @pytest.fixture

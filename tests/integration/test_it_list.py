@@ -331,7 +331,7 @@ def test_list_after_many_writes_and_deletes(gateway: Any, s3: Any, bucket: str) 
 def test_merge_across_upstream_pages(gateway: Any, s3: Any, upstream: Any, bucket: str) -> None:
     """More upstream objects than one upstream page (1000), with local writes and deletes
     interleaved around the page boundaries: every key exactly once, in order."""
-    upstream_keys = [f"u/{i:05d}" for i in range(0, 2500, 2)]  # 1250 objects upstream
+    upstream_keys = [f"u/{i:05d}" for i in range(0, 2200, 2)]  # 1100 objects upstream
     with ThreadPoolExecutor(8) as pool:
         list(
             pool.map(lambda k: upstream.put_object(Bucket=bucket, Key=k, Body=b"u"), upstream_keys)
