@@ -1,5 +1,6 @@
 """Fleet soak: the same keys written, overwritten, copied and deleted through every node of
-a 3-gateway fleet (``--replicas 1``) while nodes are killed (``kill -9``), some with their
+a fleet (3 gateways, ``--replicas 1``; ``--nodes`` and ``--replicas`` change both) while
+nodes are killed (``kill -9``), some with their
 disk wiped, and come back. What it checks, as a client of S3 would:
 
 - read-after-write across nodes: after each acknowledged write or delete, a GET through
@@ -11,13 +12,15 @@ disk wiped, and come back. What it checks, as a client of S3 would:
 - the same through each node's GET and LIST, and nothing under the control prefix.
 
 Every key is operated on by one client thread at a time (so "last" is well defined), through
-a node chosen at random for each operation; at most one node is down at once, and the next
-is killed only once the last loss is repaired (one replica covers one loss: every lost
-writer's versions taken over, every lost holder's sent again; as in the replica
-simulator). Two wipes closer than that lose what only the first one's holder had (found:
-a stale read of a version whose writer and then holder were wiped 1 s apart).
+a node chosen at random for each operation; at most ``--at-once`` nodes are down at once
+(killed together), and the next are killed only once the last loss is repaired (N replicas
+cover the loss of N nodes: every lost writer's versions taken over, every lost holder's
+sent again; as in the replica simulator). Two wipes closer than that lose what only the
+first one's holder had (found: a stale read of a version whose writer and then holder were
+wiped 1 s apart).
 
     .venv/bin/python loadtest/fleet_soak.py --rounds 30 --seed 1
+    .venv/bin/python loadtest/fleet_soak.py --nodes 4 --replicas 2 --at-once 2
 
 Prints each round and a summary line with the counts of violations (target: 0).
 """
@@ -46,7 +49,7 @@ from harness import GatewayProcess, payload, start_moto, upstream_client  # noqa
 
 PEER_TIMEOUT_S = 4.5
 CONTROL = ".gateway/"
-NAMES = ("a", "b", "c")
+NAMES = tuple("abcdefgh")  # the first --nodes of them
 PART_BYTES = 5 << 20
 ABSENT = "absent"
 
@@ -81,8 +84,11 @@ class Tally:
 
 
 class Soak:
-    def __init__(self, fleet: list[GatewayProcess], bucket: str, keys: int, seed: int) -> None:
+    def __init__(
+        self, fleet: list[GatewayProcess], bucket: str, keys: int, seed: int, at_once: int = 1
+    ) -> None:
         self.fleet = fleet
+        self.at_once = at_once  # nodes lost together (at most --replicas)
         self.bucket = bucket
         self.keys = {f"soak/k{i:03d}": Key() for i in range(keys)}
         self.alive = [True] * len(fleet)
@@ -92,7 +98,7 @@ class Soak:
         self.stop = threading.Event()
         self.clients = [gw.client() for gw in fleet]
         self.round = 0
-        self.down = ""  # the node killed this round, while it is down
+        self.down = ""  # the nodes killed this round, while they are down
 
     def live_nodes(self) -> list[int]:
         with self.lock:
@@ -223,30 +229,35 @@ class Soak:
     # -- faults -----------------------------------------------------------------------
 
     def fault(self, rnd: int) -> str:
-        """Kill one node (half the time wiping its disk), keep it down a while, bring it
-        back; the others keep serving."""
+        """Kill ``at_once`` nodes at the same moment (each half the time wiping its disk),
+        keep them down a while, bring them back; the others keep serving."""
         rng = self.rng
         self.round = rnd
         time.sleep(rng.uniform(0.5, 3.0))
-        victim = rng.randrange(len(self.fleet))
-        wipe = rng.random() < 0.5
+        victims = rng.sample(range(len(self.fleet)), self.at_once)
+        wipes = [rng.random() < 0.5 for _ in victims]
         down_s = rng.choice((0.0, 1.0, PEER_TIMEOUT_S + 2.0))
         with self.lock:
-            self.alive[victim] = False
-            self.down = NAMES[victim]
-        gw = self.fleet[victim]
-        gw.kill()
-        if wipe:
-            shutil.rmtree(gw.data_dir, ignore_errors=True)
+            for victim in victims:
+                self.alive[victim] = False
+            self.down = "+".join(NAMES[v] for v in victims)
+        for victim, wipe in zip(victims, wipes, strict=True):
+            self.fleet[victim].kill()
+            if wipe:
+                shutil.rmtree(self.fleet[victim].data_dir, ignore_errors=True)
         time.sleep(down_s)
-        gw.start(timeout=60)
-        wait_joined(self.fleet, NAMES)
+        for victim in victims:
+            self.fleet[victim].start(timeout=60)
+        wait_joined(self.fleet, NAMES[: len(self.fleet)])
         with self.lock:
-            self.alive[victim] = True
+            self.alive = [True] * len(self.fleet)
             self.down = ""
         until(self.repaired, 60, "the loss repaired (taken over, sent again)")
-        what = "killed and wiped" if wipe else "killed"
-        return f"round {rnd}: {NAMES[victim]} {what}, down {down_s:.0f} s"
+        what = ", ".join(
+            f"{NAMES[v]} killed{' and wiped' if w else ''}"
+            for v, w in zip(victims, wipes, strict=True)
+        )
+        return f"round {rnd}: {what}, down {down_s:.0f} s"
 
     def repaired(self) -> bool:
         """No member holds a lost writer's versions not taken over, or is sending a lost
@@ -303,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--keys", type=int, default=24)
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--nodes", type=int, default=3, help=f"gateways (2 to {len(NAMES)})")
+    p.add_argument("--replicas", type=int, default=1, help="the gateways' --replicas (>= 1)")
+    p.add_argument("--at-once", type=int, default=1, help="nodes lost together (<= --replicas)")
     p.add_argument("--logs", default="", help="copy the gateways' logs here at the end")
     p.add_argument(
         "--log-level",
@@ -310,20 +324,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the gateways' (debug: each version committed and where each read was served from)",
     )
     args = p.parse_args(argv)
+    if not 2 <= args.nodes <= len(NAMES) or not 1 <= args.replicas < args.nodes:
+        p.error("--nodes 2 to 8, --replicas 1 to nodes - 1 (without one, a wipe loses writes)")
+    if not 1 <= args.at_once <= args.replicas:
+        p.error("--at-once 1 to --replicas (N replicas cover the loss of N nodes)")
+    names = NAMES[: args.nodes]
     moto, url = start_moto()
     upstream = upstream_client(url)
     bucket = "fleet-soak"
     upstream.create_bucket(Bucket=bucket)
     extra = (
-        *("--replicas", "1", "--peer-timeout", str(PEER_TIMEOUT_S)),
+        *("--replicas", str(args.replicas), "--peer-timeout", str(PEER_TIMEOUT_S)),
         *("--write-back-delay", "0.2", "--log-level", args.log_level),
     )
     with TemporaryDirectory(prefix="gw-fleet-soak-") as tmp:
-        fleet = fleet_of(Path(tmp), url, NAMES, extra)
+        fleet = fleet_of(Path(tmp), url, names, extra)
         for gw in fleet:
             gw.start(timeout=60)
-        wait_joined(fleet, NAMES)
-        soak = Soak(fleet, bucket, args.keys, args.seed)
+        wait_joined(fleet, names)
+        soak = Soak(fleet, bucket, args.keys, args.seed, args.at_once)
         workers = [
             threading.Thread(target=soak.worker, args=(w, args.workers, args.seed * 100 + w))
             for w in range(args.workers)
@@ -354,7 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in t.stale_reads + t.stale_copies + t.final_wrong:
         say(f"  VIOLATION {line}")
     say(
-        f"fleet soak: {args.rounds} kills in {time.monotonic() - started:.0f} s, {t.ops} "
+        f"fleet soak ({args.nodes} nodes, --replicas {args.replicas}, {args.at_once} lost at "
+        f"once): {args.rounds} rounds "
+        f"in {time.monotonic() - started:.0f} s, {t.ops} "
         f"operations ({t.acked} acknowledged, {t.refused} refused, {t.unknown} unanswered), "
         f"{t.reads} cross-node reads ({len(t.stale_reads)} stale, {t.failed_reads} failed), "
         f"{len(t.stale_copies)} copies of an older source, "

@@ -446,7 +446,9 @@ def s3_client(
     base = Config(
         region_name=region,
         signature_version="s3v4",  # also for presigned URLs (botocore's default there is v2)
-        retries={"max_attempts": retries, "mode": "standard"},
+        # botocore's ``max_attempts`` counts retries (1 was one retry, hiding a first 500
+        # or a connection reset behind the second attempt's answer); this is the total.
+        retries={"total_max_attempts": retries, "mode": "standard"},
         s3={"addressing_style": addressing_style},
         connect_timeout=10,
         read_timeout=120,

@@ -27,11 +27,22 @@ def restore_logging() -> Iterator[None]:
     saved = (list(root.handlers), root.level)
     access, ours = logging.getLogger(logs.ACCESS_LOGGER), logging.getLogger("gateway")
     saved_access, saved_ours = access.level, ours.level
+    # A library's loggers as a fresh gateway process finds them: another test in this
+    # worker (an in-process client) may have set botocore's level, which made the tests
+    # of debug and trace depend on the order the tests ran in.
+    libraries = [logging.getLogger(n) for n in ("botocore", "botocore.endpoint")]
+    saved_libraries = [(lg.level, lg.disabled) for lg in libraries]
+    for lg in libraries:
+        lg.setLevel(logging.NOTSET)
+        lg.disabled = False
     yield
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
     access.setLevel(saved_access)
     ours.setLevel(saved_ours)
+    for lg, (level, disabled) in zip(libraries, saved_libraries, strict=True):
+        lg.setLevel(level)
+        lg.disabled = disabled
 
 
 def test_redact_query_masks_secret_values_and_keeps_the_rest() -> None:
