@@ -151,7 +151,10 @@ class MultipartService:
             )
         upload = await self.upload(req.bucket, req.key, upload_id)
         part = await admitted(
-            self._space, req.content_length or 0, self._put_part(req, upload_id, part_number, body)
+            self._space,
+            req.content_length or 0,
+            self._put_part(req, upload_id, part_number, body),
+            max_bytes=self._max_part_bytes,
         )
         self.part_stored(upload, part)
         return part

@@ -99,7 +99,12 @@ class ObjectService:
         validate_key(req.key)
         await self._buckets.require(req.bucket)
         check = await self.write_guard(req.bucket, req.key, cond)
-        return await admitted(self._space, req.content_length or 0, self._put(req, body, check))
+        return await admitted(
+            self._space,
+            req.content_length or 0,
+            self._put(req, body, check),
+            max_bytes=self._max_object_bytes,
+        )
 
     async def _put(self, req: PutRequest, body: RequestBody, check: RowCheck | None) -> ObjectMeta:
         async with fleet_writing(self._fleet, req.bucket, req.key) as announced:

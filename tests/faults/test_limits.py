@@ -66,3 +66,30 @@ def test_max_object_answers_entity_too_large(raised: Any) -> None:
     assert resp.status == 400 and parse_s3_error(resp.body)["Code"] == "EntityTooLarge"
     assert signed(gw, "HEAD", "/limits-bucket/large").status == 404
     assert signed(gw, "PUT", "/limits-bucket/small", b"s" * 4096).status == 200
+
+
+@pytest.mark.parametrize("declared", [5000, 10**15], ids=["past --max-object", "past any disk"])
+def test_a_declared_length_past_the_limit_is_entity_too_large_up_front(
+    raised: Any, declared: int
+) -> None:
+    """A length declared past the limit (here an aws-chunked body's decoded length) is
+    refused before anything is reserved or read: it was 503 SlowDown when it did not fit
+    the cache, which a client retries for ever (found by loadtest/fuzz.py)."""
+    gw = raised
+    streaming = {
+        "x-amz-decoded-content-length": str(declared),
+        "Content-Encoding": "aws-chunked",
+    }
+    chunk = b"0;chunk-signature=" + b"0" * 64 + b"\r\n\r\n"
+    sha = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
+    resp = signed(
+        gw, "PUT", "/limits-bucket/declared", chunk, headers=streaming, content_sha256=sha
+    )
+    assert (resp.status, parse_s3_error(resp.body)["Code"]) == (400, "EntityTooLarge"), resp.body
+    assert signed(gw, "HEAD", "/limits-bucket/declared").status == 404
+    upload = signed(gw, "POST", "/limits-bucket/parted?uploads").body
+    upload_id = upload.split(b"<UploadId>")[1].split(b"</UploadId>")[0].decode()
+    part = f"/limits-bucket/parted?partNumber=1&uploadId={upload_id}"
+    resp = signed(gw, "PUT", part, chunk, headers=streaming, content_sha256=sha)
+    assert (resp.status, parse_s3_error(resp.body)["Code"]) == (400, "EntityTooLarge"), resp.body
+    assert signed(gw, "PUT", "/limits-bucket/small", b"s" * 4096).status == 200
