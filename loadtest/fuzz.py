@@ -171,14 +171,108 @@ def xml_bodies(rng: random.Random) -> bytes:
     )
 
 
+# Real operations (method, path under the bucket, query, headers, body), each then given a
+# malformed value or two: they reach the handlers behind the routing that random
+# combinations mostly stop at (405, 501). ``{u}`` is a live multipart upload's id.
+def _templates(rng: random.Random, upload: str, parts: list[tuple[int, str]]) -> list[tuple]:
+    body = rng.randbytes(rng.choice((0, 1, 100, 5000)))
+    done = "".join(f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>" for n, e in parts)
+    names = "".join(f"<Object><Key>f/d{i}</Key></Object>" for i in range(rng.randrange(1, 5)))
+    deletes = f"<Delete><Quiet>false</Quiet>{names}</Delete>".encode()
+    tags = b"<Tagging><TagSet><Tag><Key>a</Key><Value>b</Value></Tag></TagSet></Tagging>"
+    copy = {"x-amz-copy-source": "/fuzz/keep/0"}
+    return [
+        ("PUT", "f/a", {}, {"Content-MD5": _md5_b64(body)}, body),
+        ("PUT", "f/a", {}, {"If-None-Match": "*"}, body),
+        ("PUT", "f/a", {}, {"x-amz-checksum-crc32": "AAAAAA=="}, body),
+        ("GET", "keep/1", {}, {"Range": "bytes=10-99"}, b""),
+        ("GET", "keep/1", {"partNumber": "1"}, {}, b""),
+        ("HEAD", "keep/1", {}, {"If-Match": '"x"'}, b""),
+        ("GET", "keep/1", {"attributes": ""}, {"x-amz-object-attributes": "ETag,ObjectSize"}, b""),
+        ("PUT", "f/b", {}, {**copy, "x-amz-metadata-directive": "REPLACE"}, b""),
+        ("PUT", "f/b", {}, {**copy, "x-amz-copy-source-if-match": '"x"'}, b""),
+        ("POST", "f/m", {"uploads": ""}, {}, b""),
+        ("PUT", "f/m", {"partNumber": "1", "uploadId": upload}, {}, body),
+        (
+            "PUT",
+            "f/m",
+            {"partNumber": "2", "uploadId": upload},
+            {**copy, "x-amz-copy-source-range": "bytes=0-99"},
+            b"",
+        ),
+        (
+            "POST",
+            "f/m",
+            {"uploadId": upload},
+            {},
+            f"<CompleteMultipartUpload>{done}</CompleteMultipartUpload>".encode(),
+        ),
+        ("GET", "f/m", {"uploadId": upload, "max-parts": "1"}, {}, b""),
+        ("DELETE", "f/m", {"uploadId": upload}, {}, b""),
+        ("GET", "", {"list-type": "2", "prefix": "f/", "delimiter": "/", "max-keys": "2"}, {}, b""),
+        ("GET", "", {"marker": "f/", "max-keys": "3"}, {}, b""),
+        ("GET", "", {"uploads": "", "max-uploads": "2"}, {}, b""),
+        ("POST", "", {"delete": ""}, {"Content-MD5": _md5_b64(deletes)}, deletes),
+        ("PUT", "f/a", {"tagging": ""}, {"Content-MD5": _md5_b64(tags)}, tags),
+        ("DELETE", "f/b", {}, {"If-Match": '"x"'}, b""),
+    ]
+
+
 class Fuzz:
     def __init__(self, endpoint: str, seed: int) -> None:
         self.endpoint = endpoint
         self.rng = random.Random(seed)
         self.statuses: Counter[int] = Counter()
         self.bad: list[str] = []
+        self.upload_id = "none"  # a live multipart upload (``_track``)
+        self.parts: list[tuple[int, str]] = []
 
     def one(self) -> None:
+        if self.rng.random() < 0.5:
+            self.mutated()
+        else:
+            self.random()
+
+    def mutated(self) -> None:
+        """A real operation with one or two of its values (or headers) malformed."""
+        rng = self.rng
+        ops = _templates(rng, self.upload_id, self.parts)
+        method, key, query, headers, body = rng.choice(ops)
+        query, headers = dict(query), dict(headers)
+        for _ in range(rng.randrange(1, 3)):
+            roll = rng.random()
+            if roll < 0.35 and query:
+                query[rng.choice(sorted(query))] = rng.choice(WEIRD)
+            elif roll < 0.6 and headers:
+                name = rng.choice(sorted(headers))
+                if rng.random() < 0.3:
+                    del headers[name]
+                else:
+                    headers[name] = rng.choice(WEIRD)
+            elif roll < 0.85:
+                headers[rng.choice(HEADERS)] = rng.choice(WEIRD)
+            elif body:
+                cut = rng.randrange(len(body))
+                body = body[:cut] + rng.randbytes(rng.randrange(0, 8)) + body[cut + 1 :]
+        path = f"/{BUCKET}/{key}" if key else f"/{BUCKET}"
+        resp = self.send(method, path, query, headers, body)
+        if resp is not None and resp.status == 200:
+            self._track(method, query, resp)
+
+    def _track(self, method: str, query: dict[str, str], resp: HttpResponse) -> None:
+        """Keep a live multipart upload (and its parts) for the templates to use."""
+        if method == "POST" and "uploads" in query:
+            self.upload_id = resp.body.split(b"<UploadId>")[1].split(b"</UploadId>")[0].decode()
+            self.parts = []
+        elif method == "PUT" and query.get("uploadId") == self.upload_id:
+            etag = resp.headers.get("etag") or ""
+            if not etag and b"<ETag>" in resp.body:
+                etag = resp.body.split(b"<ETag>")[1].split(b"</ETag>")[0].decode()
+            if query.get("partNumber", "").isdigit() and etag:
+                self.parts.append((int(query["partNumber"]), etag.replace("&quot;", '"')))
+
+    def random(self) -> None:
+        """A random method, path, query and headers from S3's vocabulary."""
         rng = self.rng
         method = rng.choice(("GET", "HEAD", "PUT", "PUT", "POST", "DELETE"))
         keys = ["f/a", "f/b", "f/%E2%9C%93", "f/" + "x" * 1100, ""]
@@ -190,21 +284,27 @@ class Fuzz:
             for q in rng.sample(QUERY, rng.randrange(0, 4))
         }
         headers = {h: rng.choice(WEIRD) for h in rng.sample(HEADERS, rng.randrange(0, 6))}
-        headers = {k: v for k, v in headers.items() if v.isascii()}  # http.client's rule
         body = xml_bodies(rng) if method in ("PUT", "POST") else b""
         if method in ("PUT", "POST") and rng.random() < 0.3:
             headers["Content-MD5"] = _md5_b64(body)
+        self.send(method, path, query, headers, body)
+
+    def send(
+        self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: bytes
+    ) -> HttpResponse | None:
         url = self.endpoint + path
         if query:
             url += "?" + urllib.parse.urlencode(query, quote_via=urllib.parse.quote)
+        headers = {k: v for k, v in headers.items() if v.isascii()}  # http.client's rule
         try:
             req = sign_request(method, url, headers=headers, body=body)
             resp = http_request(req.method, req.url, body=req.body, headers=req.headers, timeout=30)
         except Exception as exc:  # a reset or a hang is what this looks for
             self.bad.append(f"{method} {url[:200]} {headers}: no answer ({exc!r})")
-            return
+            return None
         self.statuses[resp.status] += 1
         self._judge(method, url, headers, resp)
+        return resp
 
     def _judge(self, method: str, url: str, headers: dict[str, str], resp: HttpResponse) -> None:
         what = f"{method} {url[:200]} {dict(headers)} -> {resp.status}"

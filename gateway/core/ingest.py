@@ -48,7 +48,8 @@ async def ingest(
         algorithms.add("sha256")
     length = req.content_length
     taken: Ingested
-    if length is not None and length <= min(inline_max_bytes, max_bytes):
+    # (0: never inline; an empty part went here and was not a file: 500 for UploadPart)
+    if inline_max_bytes > 0 and length is not None and length <= min(inline_max_bytes, max_bytes):
         taken = await blobs.hold(body.chunks(), algorithms, max_bytes=length)
     else:
         chunks = body.chunks()
