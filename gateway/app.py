@@ -54,6 +54,7 @@ from gateway.fleet import auth as peer_auth
 from gateway.fleet.api_base import HeldReplicas, PeerSide
 from gateway.fleet.claims import Claimant, Claims
 from gateway.fleet.client import PeerClient
+from gateway.fleet.condlock import ConditionalLocks
 from gateway.fleet.fence import LostWriters
 from gateway.fleet.membership import Member, parse_peers
 from gateway.fleet.node import Fleet, FleetConfig
@@ -593,6 +594,7 @@ async def _fleet(
         if settings.replicas > 0:
             _replicas(settings, clock, journal, blobs, upstream, fleet, transport, claims)
         fleet.deletes = DeleteNotes(claims, me, fleet.someone_unheard)
+        fleet.conditional = ConditionalLocks(upstream, me.node_id, settings.control_prefix, clock)
         await fleet.load(await journal.unflushed_dirs())
     log.info("fleet: this gateway is %s; peers from %s", node_id, settings.peers)
     return fleet, secret

@@ -145,6 +145,15 @@ class PreconditionFailed(S3Error):
     default_message = "At least one of the pre-conditions you specified did not hold"
 
 
+class ConditionalRequestConflict(S3Error):
+    code = "ConditionalRequestConflict"
+    status = 409
+    default_message = (
+        "A conflicting conditional action is currently in progress against this resource. "
+        "Try again."
+    )
+
+
 class AccessDenied(S3Error):
     code = "AccessDenied"
     status = 403

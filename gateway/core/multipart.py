@@ -24,7 +24,13 @@ from gateway.clock import Clock
 from gateway.core.buckets import BucketService
 from gateway.core.cache import admitted
 from gateway.core.ingest import ingest_file, validate_key
-from gateway.core.writes import TeeBody, commit_replicas, fleet_writing, replicas_aborted
+from gateway.core.writes import (
+    TeeBody,
+    commit_replicas,
+    fleet_deciding,
+    fleet_writing,
+    replicas_aborted,
+)
 from gateway.errors import (
     BadDigest,
     EntityTooSmall,
@@ -265,9 +271,10 @@ class MultipartService:
         async with fleet_writing(self._fleet, bucket, key) as announced:
             replica = self._replica(bucket, key)
             await announced
-            row, discard = await self._uploads.complete(
-                upload_id, meta, refs, self._clock.wall(), check
-            )
+            async with fleet_deciding(self._fleet, bucket, key, check):
+                row, discard = await self._uploads.complete(
+                    upload_id, meta, refs, self._clock.wall(), check
+                )
         if replica is not None:  # the parts staged on the holders become the version there
             await commit_replicas(
                 replica,

@@ -35,7 +35,9 @@ from gateway.core.ranges import ByteRange, parse_content_range, part_range, reso
 from gateway.core.writes import (
     EarlyCommit,
     TeeBody,
+    WriteCheck,
     commit_replicas,
+    fleet_deciding,
     fleet_writing,
     replicas_aborted,
 )
@@ -158,15 +160,16 @@ class ObjectService:
                 reserved = self._journal.is_reserved if check is None else _never
                 early = EarlyCommit(replica, holders, reserved, meta, acked_s)
             try:
-                row, superseded = await self._journal.commit_put(
-                    meta,
-                    blob.blob_id,
-                    acked_s,
-                    check,
-                    crc32c=blob.crc32c,
-                    body=blob.body,
-                    on_seq=early.on_seq if early else None,
-                )
+                async with fleet_deciding(self._fleet, req.bucket, req.key, check):
+                    row, superseded = await self._journal.commit_put(
+                        meta,
+                        blob.blob_id,
+                        acked_s,
+                        check,
+                        crc32c=blob.crc32c,
+                        body=blob.body,
+                        on_seq=early.on_seq if early else None,
+                    )
             except Exception:  # not committed here (a cancelled caller's commit still is)
                 if early is not None and not await early.failed():
                     self._journal.mark_doubtful(req.bucket, req.key)
@@ -190,25 +193,37 @@ class ObjectService:
         """
         if cond.is_empty:
             return None
-        row = await self._journal.get(bucket, key)
-        peer = await self._peer_version(bucket, key, row)
-        local = None if peer is not None else await self._fresh.after_peers(row)
-        if peer is not None:
-            seen = None if peer.is_delete else peer.meta.etag
-        elif local is not None:
-            seen = None if local.is_delete else local.meta.etag
-        else:
-            try:
-                seen = (await self._upstream.head_object(bucket, key)).etag
-            except NoSuchKey:
-                seen = None
+        seen = await self._current_etag(bucket, key)
         check_write(cond, seen, key)
 
         def check(row: LocalObject | None) -> None:
             etag = seen if row is None else (None if row.is_delete else row.meta.etag)
             check_write(cond, etag, key)
 
-        return check
+        if self._fleet is None:
+            return check
+
+        async def recheck() -> None:
+            nonlocal seen
+            seen = await self._current_etag(bucket, key)
+            check_write(cond, seen, key)
+
+        return WriteCheck(check, recheck)
+
+    async def _current_etag(self, bucket: str, key: str) -> str | None:
+        """The key's current version for a conditional write: the newest of the peers' and
+        this node's (a delete is none), else the bucket's."""
+        row = await self._journal.get(bucket, key)
+        peer = await self._peer_version(bucket, key, row)
+        local = None if peer is not None else await self._fresh.after_peers(row)
+        if peer is not None:
+            return None if peer.is_delete else peer.meta.etag
+        if local is not None:
+            return None if local.is_delete else local.meta.etag
+        try:
+            return (await self._upstream.head_object(bucket, key)).etag
+        except NoSuchKey:
+            return None
 
     async def delete_object(self, bucket: str, key: str) -> None:
         validate_key(key)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from gateway import metrics
 from gateway.fleet.view import FleetView, Holder, ReplicaWriter
@@ -45,6 +46,34 @@ async def fleet_writing(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCheck:
+    """A conditional write's check (the journal's ``RowCheck``: ``check(row)`` inside the
+    commit) and, in a fleet, ``recheck``: the whole look again (peers, this node, the
+    bucket) under the key's lock (``fleet_deciding``)."""
+
+    row_check: Callable[[LocalObject | None], None]
+    recheck: Callable[[], Awaitable[None]]
+
+    def __call__(self, row: LocalObject | None) -> None:
+        self.row_check(row)
+
+
+@contextlib.asynccontextmanager
+async def fleet_deciding(
+    fleet: FleetView | None, bucket: str, key: str, check: object
+) -> AsyncIterator[None]:
+    """Around a write's commit: a conditional one (``check`` a ``WriteCheck``) in a fleet
+    holds the key's lock and is checked again (docs/fleet.md, "Conditional writes"); the
+    others, and every write of a gateway alone, pass straight through."""
+    if fleet is None or not isinstance(check, WriteCheck):
+        yield
+        return
+    async with fleet.deciding(bucket, key):
+        await check.recheck()
+        yield
 
 
 @contextlib.asynccontextmanager

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from gateway import metrics
 from gateway.clock import Clock
 from gateway.fleet.client import REPLICA_HEADER
+from gateway.fleet.condlock import ConditionalLocks
 from gateway.fleet.directory import LocalDirectory, WriteIntent
 from gateway.fleet.fence import FleetFence, Hold, NodeDrain
 from gateway.fleet.membership import Discovery, Member, Membership, MemberStore
@@ -113,6 +114,7 @@ class Fleet:
         self.takeover: Takeover | None = None
         self.claims: UploadClaims | None = None
         self.deletes: DeleteNotes | None = None  # every fleet (set by the composition root)
+        self.conditional: ConditionalLocks | None = None  # every fleet (idem)
         self.rereplication: Rereplication | None = None
         self.shares: ShareReports | None = None  # set with the flusher's gate
         if config.replicas > 0:
@@ -243,6 +245,11 @@ class Fleet:
 
     def writing(self, bucket: str, key: str) -> contextlib.AbstractAsyncContextManager[WriteIntent]:
         return self.directory.writing(bucket, key)
+
+    def deciding(self, bucket: str, key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        if self.conditional is None:
+            return contextlib.nullcontext()
+        return self.conditional.held(bucket, key)
 
     def _may_hold(self, member: Member, lists: Callable[[Member], bool], now_s: float) -> bool:
         if member.remote.is_trusted(now_s):

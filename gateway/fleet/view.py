@@ -110,6 +110,11 @@ class FleetView(Protocol):
         """Enter before a write of ``key`` starts, leave after it is committed (or failed)."""
         ...
 
+    def deciding(self, bucket: str, key: str) -> AbstractAsyncContextManager[None]:
+        """Around a conditional write's last check and its commit: no other node's
+        conditional write of ``key`` checks or commits meanwhile (``fleet/condlock.py``)."""
+        ...
+
     def candidates(self, bucket: str, key: str) -> Sequence[str]:
         """Peers that may hold an unflushed version of ``key`` (cheap: no network)."""
         ...

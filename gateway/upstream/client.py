@@ -728,6 +728,19 @@ class AiobotocoreUpstream:
             raise error from exc
         return True
 
+    async def put_if_match(self, bucket: str, key: str, body: bytes, etag: str) -> bool:
+        """PUT ``body`` with ``If-Match: "<etag>"``: True when replaced, False when the key
+        holds another version or none (412, or 404)."""
+        condition = {"IfMatch": f'"{etag}"'}
+        try:
+            await self._client.put_object(Bucket=bucket, Key=key, Body=body, **condition)
+        except Exception as exc:
+            error = _conditional(exc, condition)
+            if isinstance(error, ConditionFailed):
+                return False
+            raise error from exc
+        return True
+
     async def get_small(self, bucket: str, key: str) -> bytes | None:
         """The whole body of a small object, or None when there is none."""
         try:

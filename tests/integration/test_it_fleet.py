@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from harness import (
     GatewayProcess,
     crc32_b64,
     error_code,
+    error_status,
     flush_state,
     http_request,
     payload,
@@ -364,6 +366,60 @@ def test_conditional_writes_see_what_peers_hold(fleet: list[Any], bucket: str) -
     a.drained(bucket=bucket)
     b.drained(bucket=bucket)
     assert read_body(fleet_upstream(a).get_object(Bucket=bucket, Key="cond/k")) == b"from a"
+
+
+def test_concurrent_conditional_writes_through_three_nodes_have_one_winner(
+    fleet: list[Any], bucket: str
+) -> None:
+    """The same key written at the same moment through each node, ``If-None-Match: *``,
+    then ``If-Match`` the winner's ETag: exactly one write wins each round, as in S3 (a
+    commit file of Delta Lake or Iceberg). Each node used to check its peers, see nothing
+    and acknowledge: every key had two or three winners."""
+    clients = [gw.client() for gw in fleet]
+
+    def race(key: str, **cond: str) -> list[tuple[int, bytes]]:
+        barrier = threading.Barrier(len(clients))
+        results: list[tuple[int, bytes]] = []
+
+        def write(n: int) -> None:  # (bodies unique: a write of the same bytes keeps the ETag)
+            body = f"{key} {cond} through {NAMES[n]}".encode()
+            barrier.wait()
+            try:
+                clients[n].put_object(Bucket=bucket, Key=key, Body=body, **cond)
+                results.append((200, body))
+            except ClientError as exc:
+                results.append((error_status(exc), body))
+
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(len(clients))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    winners: dict[str, bytes] = {}
+    for i in range(6):
+        key = f"commit/{i:04d}.json"
+        first = race(key, IfNoneMatch="*")
+        assert sorted(s for s, _ in first) == [200, 412, 412], first
+        (won,) = [body for s, body in first if s == 200]
+        second = race(key, IfMatch=quoted_md5(won))
+        assert sorted(s for s, _ in second) == [200, 412, 412], second
+        (winners[key],) = [body for s, body in second if s == 200]
+    for gw in fleet:
+        gw.drained(bucket=bucket)
+    upstream = fleet_upstream(fleet[0])
+    for key, body in winners.items():
+        assert read_body(upstream.get_object(Bucket=bucket, Key=key)) == body
+        for gw in fleet:
+            assert read_body(gw.client().get_object(Bucket=bucket, Key=key)) == body
+    listed = upstream.list_objects_v2(Bucket=bucket, Prefix=".gateway/locks/")
+    assert listed.get("KeyCount", 0) == len(winners)  # one lock object per key, released
+    for gw in fleet:
+        assert not any(
+            o["Key"].startswith(".gateway/")
+            for o in gw.client().list_objects_v2(Bucket=bucket).get("Contents", [])
+        )
 
 
 @pytest.mark.parametrize("older_on", ["a", "b"])
