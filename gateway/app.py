@@ -416,7 +416,7 @@ def _s3_services(
     fleet: Fleet | None,
     stack: contextlib.AsyncExitStack,
 ) -> S3Services:
-    buckets = BucketService(journal, blobs, upstream, clock)
+    buckets = BucketService(journal, blobs, upstream, clock, fleet)
     stack.push_async_callback(buckets.close)
     # The fleet's claims live under the control prefix of each bucket: hidden from clients.
     hidden = settings.control_prefix if fleet is not None else None

@@ -9,7 +9,11 @@ with malformed values. What it checks, request by request:
 - in the end, the objects written before the storm still read back byte for byte, and
   what the storm acknowledged is upstream once drained.
 
-    .venv/bin/python loadtest/fuzz.py --requests 3000 --seed 1
+    .venv/bin/python loadtest/fuzz.py --requests 3000 --seed 1 [--fleet 3]
+
+``--fleet N`` runs N gateways as a fleet (``--replicas 1``), each request through one of
+them at random (a multipart upload's requests through the node that created it: uploads
+are node-local, docs/fleet.md).
 
 Prints the count per status and each request answered 5xx (target: none).
 """
@@ -19,17 +23,21 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
+import shutil
 import sys
 import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from tempfile import TemporaryDirectory
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from fleetutil import fleet_of, wait_joined  # noqa: E402
 from harness import (  # noqa: E402
     GatewayProcess,
     HttpResponse,
@@ -219,9 +227,10 @@ def _templates(rng: random.Random, upload: str, parts: list[tuple[int, str]]) ->
 
 
 class Fuzz:
-    def __init__(self, endpoint: str, seed: int) -> None:
-        self.endpoint = endpoint
+    def __init__(self, endpoints: Sequence[str], seed: int) -> None:
+        self.endpoints = list(endpoints)
         self.rng = random.Random(seed)
+        self.upload_at = self.endpoints[0]  # the node the live upload was created through
         self.statuses: Counter[int] = Counter()
         self.bad: list[str] = []
         self.upload_id = "none"  # a live multipart upload (``_track``)
@@ -255,8 +264,13 @@ class Fuzz:
                 cut = rng.randrange(len(body))
                 body = body[:cut] + rng.randbytes(rng.randrange(0, 8)) + body[cut + 1 :]
         path = f"/{BUCKET}/{key}" if key else f"/{BUCKET}"
-        resp = self.send(method, path, query, headers, body)
+        endpoint = self.rng.choice(self.endpoints)
+        if "uploadId" in query and "uploads" not in query:
+            endpoint = self.upload_at
+        resp = self.send(method, path, query, headers, body, endpoint)
         if resp is not None and resp.status == 200:
+            if method == "POST" and "uploads" in query:
+                self.upload_at = endpoint
             self._track(method, query, resp)
 
     def _track(self, method: str, query: dict[str, str], resp: HttpResponse) -> None:
@@ -287,12 +301,18 @@ class Fuzz:
         body = xml_bodies(rng) if method in ("PUT", "POST") else b""
         if method in ("PUT", "POST") and rng.random() < 0.3:
             headers["Content-MD5"] = _md5_b64(body)
-        self.send(method, path, query, headers, body)
+        self.send(method, path, query, headers, body, rng.choice(self.endpoints))
 
     def send(
-        self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: bytes
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        headers: dict[str, str],
+        body: bytes,
+        endpoint: str,
     ) -> HttpResponse | None:
-        url = self.endpoint + path
+        url = endpoint + path
         if query:
             url += "?" + urllib.parse.urlencode(query, quote_via=urllib.parse.quote)
         headers = {k: v for k, v in headers.items() if v.isascii()}  # http.client's rule
@@ -329,33 +349,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--requests", type=int, default=3000)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--logs", default="", help="copy the gateway's log here")
+    p.add_argument("--logs", default="", help="copy the gateways' logs here")
+    p.add_argument("--fleet", type=int, default=0, help="N gateways as a fleet (0: one alone)")
     args = p.parse_args(argv)
     moto, url = start_moto()
     upstream = upstream_client(url)
     upstream.create_bucket(Bucket=BUCKET)
     with TemporaryDirectory(prefix="gw-fuzz-") as tmp:
-        gw = GatewayProcess(Path(tmp) / "gw", url, extra_args=["--write-back-delay", "0.2"])
-        gw.start(timeout=60)
+        if args.fleet:
+            names = "abcdefgh"[: args.fleet]
+            extra = ("--write-back-delay", "0.2", "--replicas", "1")
+            gateways = fleet_of(Path(tmp), url, names, extra)
+        else:
+            gateways = [
+                GatewayProcess(Path(tmp) / "gw", url, extra_args=["--write-back-delay", "0.2"])
+            ]
+        for gw in gateways:
+            gw.start(timeout=60)
+        if args.fleet:
+            wait_joined(gateways, names)
         try:
-            s3 = gw.client()
+            s3 = gateways[0].client()
             for key, body in KEEP.items():
                 s3.put_object(Bucket=BUCKET, Key=key, Body=body)
-            fuzz = Fuzz(gw.endpoint, args.seed)
+            fuzz = Fuzz([gw.endpoint for gw in gateways], args.seed)
             started = time.monotonic()
             for _ in range(args.requests):
                 fuzz.one()
             took_s = time.monotonic() - started
-            lost = _check_kept(lambda k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read())
-            drained = gw.admin_get("/admin/v1/drain?wait=true&timeout=60")["drained"]
-            lost += _check_kept(lambda k: upstream.get_object(Bucket=BUCKET, Key=k)["Body"].read())
+            lost = []
+            for gw in gateways:
+                lost += _check_kept(partial(_read, gw.client()))
+            drain = "/admin/v1/drain?wait=true&timeout=60"
+            drained = all(gw.admin_get(drain)["drained"] for gw in gateways)
+            lost += _check_kept(partial(_read, upstream))
         finally:
-            gw.stop()
-            if args.logs:
-                import shutil
-
-                Path(args.logs).mkdir(parents=True, exist_ok=True)
-                shutil.copy(gw.log_path, Path(args.logs) / gw.log_path.name)
+            for gw in gateways:
+                gw.stop()
+                if args.logs:
+                    Path(args.logs).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(gw.log_path, Path(args.logs) / gw.log_path.name)
             moto.stop()
     for line in fuzz.bad:
         print(f"  BAD {line}")
@@ -367,6 +400,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(lost)} kept objects wrong, drained {drained}"
     )
     return 1 if fuzz.bad or lost or not drained else 0
+
+
+def _read(client: Any, key: str) -> bytes:
+    body: bytes = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    return body
 
 
 def _check_kept(read: Callable[[str], bytes]) -> list[str]:

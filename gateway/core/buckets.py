@@ -14,6 +14,7 @@ import contextlib
 
 from gateway.clock import Clock
 from gateway.errors import BucketNotEmpty, InvalidBucketName, S3Error, SlowDown
+from gateway.fleet.view import FleetView
 from gateway.models import BucketInfo
 from gateway.store.blobs import BlobStore
 from gateway.store.buckets import BucketRecords
@@ -28,11 +29,18 @@ _CHECK_FIRST_DELAY_S = 0.05
 class BucketService:
     """Contract: ``require`` MUST raise NoSuchBucket for a bucket the upstream does not have
     (first use asks the upstream; later uses are answered from the journal). CreateBucket and
-    DeleteBucket are passed upstream; DeleteBucket MUST refuse while objects are unflushed."""
+    DeleteBucket are passed upstream; DeleteBucket MUST refuse while objects are unflushed,
+    here or, in a fleet, on any other node (one that does not answer: SlowDown)."""
 
     def __init__(
-        self, journal: Journal, blobs: BlobStore, upstream: Upstream, clock: Clock
+        self,
+        journal: Journal,
+        blobs: BlobStore,
+        upstream: Upstream,
+        clock: Clock,
+        fleet: FleetView | None = None,
     ) -> None:
+        self._fleet = fleet
         self._journal = journal
         self._records = BucketRecords(journal)
         self._blobs = blobs
@@ -99,6 +107,15 @@ class BucketService:
         validate_bucket_name(bucket)
         if await self._journal.has_unflushed_objects(bucket):
             raise BucketNotEmpty(BucketName=bucket)
+        if self._fleet is not None:  # nor on any other node of the fleet
+            elsewhere = await self._fleet.unflushed_elsewhere(bucket)
+            if elsewhere is None:
+                raise SlowDown(
+                    "A gateway of the fleet could not be asked whether it holds writes in "
+                    "this bucket; retry shortly."
+                )
+            if elsewhere:
+                raise BucketNotEmpty(BucketName=bucket)
         # Deletes still pending would leave the upstream bucket non-empty: let them land.
         left, _ = await self._journal.wait_flushed(
             bucket, "", self._journal.last_seq, _DELETE_WAIT_S

@@ -246,6 +246,12 @@ class Fleet:
     def writing(self, bucket: str, key: str) -> contextlib.AbstractAsyncContextManager[WriteIntent]:
         return self.directory.writing(bucket, key)
 
+    async def unflushed_elsewhere(self, bucket: str) -> bool | None:
+        answers = await self.fence.drain(bucket, "", 0.0)
+        if any(a.answer is None for a in answers):
+            return None
+        return any(a.answer is not None and not a.answer.drained for a in answers)
+
     def deciding(self, bucket: str, key: str) -> contextlib.AbstractAsyncContextManager[None]:
         if self.conditional is None:
             return contextlib.nullcontext()

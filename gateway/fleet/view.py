@@ -110,6 +110,12 @@ class FleetView(Protocol):
         """Enter before a write of ``key`` starts, leave after it is committed (or failed)."""
         ...
 
+    async def unflushed_elsewhere(self, bucket: str) -> bool | None:
+        """Whether another member holds writes in ``bucket`` not yet durable upstream (None:
+        a member did not answer). For DeleteBucket: a bucket deleted under them would fail
+        their acknowledged writes for ever."""
+        ...
+
     def deciding(self, bucket: str, key: str) -> AbstractAsyncContextManager[None]:
         """Around a conditional write's last check and its commit: no other node's
         conditional write of ``key`` checks or commits meanwhile (``fleet/condlock.py``)."""

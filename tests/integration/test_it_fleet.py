@@ -368,6 +368,27 @@ def test_conditional_writes_see_what_peers_hold(fleet: list[Any], bucket: str) -
     assert read_body(fleet_upstream(a).get_object(Bucket=bucket, Key="cond/k")) == b"from a"
 
 
+def test_a_bucket_is_not_deleted_under_another_nodes_unflushed_writes(fleet: list[Any]) -> None:
+    """DeleteBucket through a while b holds an acknowledged write in it is BucketNotEmpty,
+    as S3 answers for a bucket holding an object: a checked only its own rows, deleted the
+    bucket upstream, and b's write failed for ever (NoSuchBucket; found by
+    loadtest/fuzz.py --fleet 3)."""
+    a, b, _ = fleet
+    name = "fleet-delete-bucket"
+    a.client().create_bucket(Bucket=name)
+    with b.flush_paused():
+        b.client().put_object(Bucket=name, Key="k", Body=b"acked on b")
+        with pytest.raises(ClientError) as refused:
+            a.client().delete_bucket(Bucket=name)
+        assert error_code(refused.value) == "BucketNotEmpty"
+    b.drained(bucket=name)
+    assert read_body(fleet_upstream(a).get_object(Bucket=name, Key="k")) == b"acked on b"
+    b.client().delete_object(Bucket=name, Key="k")
+    b.drained(bucket=name)
+    a.client().delete_bucket(Bucket=name)  # empty everywhere now
+    assert name not in [x["Name"] for x in fleet_upstream(a).list_buckets()["Buckets"]]
+
+
 def test_concurrent_conditional_writes_through_three_nodes_have_one_winner(
     fleet: list[Any], bucket: str
 ) -> None:
