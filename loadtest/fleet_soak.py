@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from botocore.exceptions import ClientError  # noqa: E402
-from fleetutil import fleet_of, until, wait_joined  # noqa: E402
+from fleetutil import fleet_of, stop_keeping_logs, until, wait_joined  # noqa: E402
 from harness import GatewayProcess, payload, start_moto, upstream_client  # noqa: E402
 
 PEER_TIMEOUT_S = 4.5
@@ -363,11 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             soak.check_final(upstream, timeout_s=60)
         finally:
             soak.stop.set()
-            for gw in fleet:
-                gw.stop()
-                if args.logs:
-                    Path(args.logs).mkdir(parents=True, exist_ok=True)
-                    shutil.copy(gw.log_path, Path(args.logs) / gw.log_path.name)
+            stop_keeping_logs(fleet, args.logs)
             moto.stop()
     t = soak.tally
     for line in t.stale_reads + t.stale_copies + t.final_wrong:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
-import shutil
 import sys
 import time
 import urllib.parse
@@ -37,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from fleetutil import fleet_of, wait_joined  # noqa: E402
+from fleetutil import fleet_of, stop_keeping_logs, wait_joined  # noqa: E402
 from harness import (  # noqa: E402
     GatewayProcess,
     HttpResponse,
@@ -384,11 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             drained = all(gw.admin_get(drain)["drained"] for gw in gateways)
             lost += _check_kept(partial(_read, upstream))
         finally:
-            for gw in gateways:
-                gw.stop()
-                if args.logs:
-                    Path(args.logs).mkdir(parents=True, exist_ok=True)
-                    shutil.copy(gw.log_path, Path(args.logs) / gw.log_path.name)
+            stop_keeping_logs(gateways, args.logs)
             moto.stop()
     for line in fuzz.bad:
         print(f"  BAD {line}")

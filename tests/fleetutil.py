@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -90,3 +91,13 @@ def held_by(head: dict[str, Any]) -> tuple[str | None, str | None]:
 
 def free_ports(n: int) -> list[int]:
     return [free_port() for _ in range(n)]
+
+
+def stop_keeping_logs(gateways: Sequence[GatewayProcess], logs_dir: str) -> None:
+    """Stop each gateway and, with ``logs_dir``, copy its log there (the loadtest scripts'
+    ``--logs``: their gateways live in a temporary directory)."""
+    for gw in gateways:
+        gw.stop()
+        if logs_dir:
+            Path(logs_dir).mkdir(parents=True, exist_ok=True)
+            shutil.copy(gw.log_path, Path(logs_dir) / gw.log_path.name)
