@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import threading
 from typing import Any
 
 from moto.s3.models import FakeKey
+from moto.s3.responses import S3Response
 from moto.server import ThreadedMotoServer
 
 # Fixed credentials for the embedded server (moto accepts any); never the clients' keys.
@@ -24,6 +26,7 @@ class DemoUpstream:
         self._host = host
         self._port = port or _free_port(host)
         guard_moto_etag()
+        guard_moto_conditional_writes()
         self._server = ThreadedMotoServer(ip_address=host, port=self._port, verbose=False)
 
     @property
@@ -68,3 +71,32 @@ def guard_moto_etag() -> None:
 
     FakeKey.etag = property(etag)  # type: ignore[method-assign,assignment]
     FakeKey._gateway_guarded = True  # type: ignore[attr-defined]
+
+
+_CONDITIONAL_WRITE = threading.Lock()
+
+
+def guard_moto_conditional_writes() -> None:
+    """Make moto's conditional writes atomic, as S3's are (idempotent).
+
+    moto checks ``If-None-Match``/``If-Match`` and then stores the object in two steps
+    without a lock, and its threaded server runs concurrent requests in threads: two of
+    16 concurrent creators of one key both got 200 (seen in the suite). S3 lets exactly
+    one win, and the fleet's claims and conditional-write locks rely on that. Conditional
+    PUTs and completions of a key are therefore answered one at a time.
+    """
+    if getattr(S3Response, "_gateway_guarded", False):
+        return
+    unguarded = S3Response._key_response
+
+    def key_response(self: Any, request: Any, full_url: str) -> Any:
+        conditional = request.method in ("PUT", "POST") and (
+            "If-None-Match" in request.headers or "If-Match" in request.headers
+        )
+        if not conditional:
+            return unguarded(self, request, full_url)
+        with _CONDITIONAL_WRITE:
+            return unguarded(self, request, full_url)
+
+    S3Response._key_response = key_response  # type: ignore[method-assign]
+    S3Response._gateway_guarded = True  # type: ignore[attr-defined]
