@@ -326,9 +326,9 @@ def _run(main: Coroutine[Any, Any, dict[str, int]]) -> dict[str, int]:
     return run(main)
 
 
-# make test runs 600 short runs (4 checkpoint steps, about 20 simulated seconds of faults
+# make test runs 960 short runs (4 checkpoint steps, about 20 simulated seconds of faults
 # each) and a few long ones; GATEWAY_SIM_SEEDS=<runs per chunk> runs more of the same.
-PER_CHUNK = int(os.environ.get("GATEWAY_SIM_SEEDS", "20"))
+PER_CHUNK = int(os.environ.get("GATEWAY_SIM_SEEDS", "30"))
 
 
 def _chunk(first: int, *, partitions: bool, steps: int = 4) -> None:
