@@ -9,6 +9,9 @@ disk wiped, and come back. What it checks, as a client of S3 would:
   acknowledged operation made it (a write whose answer was lost with its node may or may
   not have happened, until the next acknowledged one supersedes it; one answered with an
   S3 error never happened);
+- conditional writes across the fleet: a PUT with ``If-None-Match: *`` or ``If-Match``
+  through any node is written or refused (412, or 404) as S3 would, by the key's last
+  acknowledged state, whichever node wrote it and whichever is down;
 - the same through each node's GET and LIST, and nothing under the control prefix.
 
 Every key is operated on by one client thread at a time (so "last" is well defined), through
@@ -80,6 +83,8 @@ class Tally:
     stale_reads: list[str] = field(default_factory=list)
     failed_reads: int = 0
     stale_copies: list[str] = field(default_factory=list)  # a copy of an older source
+    conditional: int = 0  # conditional PUTs answered (200, 412, 404)
+    wrong_conditions: list[str] = field(default_factory=list)  # 200 where S3 says 412, or not
     final_wrong: list[str] = field(default_factory=list)
 
 
@@ -112,8 +117,16 @@ class Soak:
         s3 = self.clients[node]
         state = self.keys[name]
         roll = rng.random()
+        expect: bool | None = None  # a conditional PUT: whether S3 would write it
         try:
-            if roll < 0.55:
+            if roll < 0.1:
+                if not state.settled:
+                    return
+                body = payload(rng.choice((700, 30_000)), f"{name}/{rng.random()}")
+                intended = etag_of(body)
+                condition, expect = _condition(rng, next(iter(state.possible)))
+                got = s3.put_object(Bucket=self.bucket, Key=name, Body=body, **condition)["ETag"]
+            elif roll < 0.55:
                 body = payload(rng.choice((700, 30_000, 400_000)), f"{name}/{rng.random()}")
                 intended = etag_of(body)
                 got = s3.put_object(Bucket=self.bucket, Key=name, Body=body)["ETag"]
@@ -149,6 +162,8 @@ class Soak:
                     state.settled = False
                 else:
                     self.tally.refused += 1
+                if expect is not None and status in (404, 412):
+                    self._conditional(name, node, expect, status)
             return
         except Exception:  # no answer: the node died under it
             with self.lock:
@@ -160,6 +175,8 @@ class Soak:
         with self.lock:
             self.tally.ops += 1
             self.tally.acked += 1
+            if expect is not None:
+                self._conditional(name, node, expect, 200)
             state.possible = {got}
             state.settled = True
             if got != intended and intended != ABSENT:
@@ -168,6 +185,16 @@ class Soak:
                     f"(round {self.round}, {self.down or 'none'} down, copy of {source})"
                 )
         self._read_back(rng, node, name, got)
+
+    def _conditional(self, name: str, node: int, expect: bool, status: int) -> None:
+        """A conditional PUT's answer against what S3 would answer (under ``self.lock``)."""
+        self.tally.conditional += 1
+        if (status == 200) != expect:
+            self.tally.wrong_conditions.append(
+                f"{name}: conditional PUT through {NAMES[node]} answered {status}, S3 would "
+                f"{'write it' if expect else 'refuse it'} "
+                f"(round {self.round}, {self.down or 'none'} down)"
+            )
 
     def _multipart(self, s3: Any, name: str, first: bytes, last: bytes) -> str:
         upload = s3.create_multipart_upload(Bucket=self.bucket, Key=name)["UploadId"]
@@ -308,6 +335,18 @@ class Soak:
         self.tally.final_wrong.extend(f"bucket has a stray key {k}" for k in extra)
 
 
+def _condition(rng: random.Random, current: str) -> tuple[dict[str, str], bool]:
+    """A conditional PUT's condition on a key whose bucket state is ``current`` (an ETag
+    or ``ABSENT``), and whether S3 writes it: ``If-None-Match: *``, ``If-Match`` the
+    current ETag, or ``If-Match`` one it never had (412; 404 when there is no object)."""
+    pick = rng.random()
+    if pick < 0.4:
+        return {"IfNoneMatch": "*"}, current == ABSENT
+    if pick < 0.8 and current != ABSENT:
+        return {"IfMatch": current}, True
+    return {"IfMatch": etag_of(f"never {rng.random()}".encode())}, False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--rounds", type=int, default=30, help="kill-and-restart rounds")
@@ -366,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_keeping_logs(fleet, args.logs)
             moto.stop()
     t = soak.tally
-    for line in t.stale_reads + t.stale_copies + t.final_wrong:
+    for line in t.stale_reads + t.stale_copies + t.wrong_conditions + t.final_wrong:
         say(f"  VIOLATION {line}")
     say(
         f"fleet soak ({args.nodes} nodes, --replicas {args.replicas}, {args.at_once} lost at "
@@ -375,9 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"operations ({t.acked} acknowledged, {t.refused} refused, {t.unknown} unanswered), "
         f"{t.reads} cross-node reads ({len(t.stale_reads)} stale, {t.failed_reads} failed), "
         f"{len(t.stale_copies)} copies of an older source, "
+        f"{t.conditional} conditional PUTs ({len(t.wrong_conditions)} answered wrong), "
         f"{len(t.final_wrong)} keys wrong at the end"
     )
-    return 1 if t.stale_reads or t.stale_copies or t.final_wrong else 0
+    return 1 if t.stale_reads or t.stale_copies or t.wrong_conditions or t.final_wrong else 0
 
 
 if __name__ == "__main__":

@@ -187,43 +187,51 @@ class ObjectService:
         key's current version now, and return the check to repeat inside the commit
         transaction (None without conditions).
 
-        The current version is the local row (a tombstone is a missing key), else the
-        upstream's object (one HEAD). Inside the transaction a local row, if any, decides;
-        a row that has vanished since (a flushed tombstone) leaves what was seen here.
+        The current version is the newest of the peers' unflushed ones and this node's row
+        (a tombstone is a missing key), else the bucket's object (one HEAD). Inside the
+        transaction this node's row decides only if it changed since (a write committed
+        here meanwhile); the row that was looked at stays beneath what was seen: in a fleet
+        a peer's newer version, a delete too, is newer than it (a conditional write through
+        the node that wrote a key's older version, right after another node deleted it, was
+        refused 412: found by loadtest/fleet_soak.py). A row that has vanished since (a
+        flushed tombstone) leaves what was seen as well.
         """
         if cond.is_empty:
             return None
-        seen = await self._current_etag(bucket, key)
+        seen, seen_seq = await self._current_etag(bucket, key)
         check_write(cond, seen, key)
 
         def check(row: LocalObject | None) -> None:
-            etag = seen if row is None else (None if row.is_delete else row.meta.etag)
+            changed = row is not None and row.seq != seen_seq
+            etag = (None if row.is_delete else row.meta.etag) if changed and row else seen
             check_write(cond, etag, key)
 
         if self._fleet is None:
             return check
 
         async def recheck() -> None:
-            nonlocal seen
-            seen = await self._current_etag(bucket, key)
+            nonlocal seen, seen_seq
+            seen, seen_seq = await self._current_etag(bucket, key)
             check_write(cond, seen, key)
 
         return WriteCheck(check, recheck)
 
-    async def _current_etag(self, bucket: str, key: str) -> str | None:
-        """The key's current version for a conditional write: the newest of the peers' and
-        this node's (a delete is none), else the bucket's."""
+    async def _current_etag(self, bucket: str, key: str) -> tuple[str | None, int | None]:
+        """The key's current version for a conditional write (its ETag; None: no object):
+        the newest of the peers' and this node's (a delete is none), else the bucket's;
+        with the seq of this node's row as it was read (None: no row)."""
         row = await self._journal.get(bucket, key)
+        seq = None if row is None else row.seq
         peer = await self._peer_version(bucket, key, row)
         local = None if peer is not None else await self._fresh.after_peers(row)
         if peer is not None:
-            return None if peer.is_delete else peer.meta.etag
+            return (None if peer.is_delete else peer.meta.etag), seq
         if local is not None:
-            return None if local.is_delete else local.meta.etag
+            return (None if local.is_delete else local.meta.etag), seq
         try:
-            return (await self._upstream.head_object(bucket, key)).etag
+            return (await self._upstream.head_object(bucket, key)).etag, seq
         except NoSuchKey:
-            return None
+            return None, seq
 
     async def delete_object(self, bucket: str, key: str) -> None:
         validate_key(key)
