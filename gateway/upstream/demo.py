@@ -10,7 +10,7 @@ import socket
 import threading
 from typing import Any
 
-from moto.s3.models import FakeKey
+from moto.s3.models import FakeKey, S3Backend
 from moto.s3.responses import S3Response
 from moto.server import ThreadedMotoServer
 
@@ -100,3 +100,21 @@ def guard_moto_conditional_writes() -> None:
 
     S3Response._key_response = key_response  # type: ignore[method-assign]
     S3Response._gateway_guarded = True  # type: ignore[attr-defined]
+    _guard_moto_listing()
+
+
+def _guard_moto_listing() -> None:
+    """moto lists a bucket by iterating its keys while other threads delete some: a key
+    deleted in between raised KeyError, answered 500 (seen in loadtest/fleet_soak.py).
+    S3 lists a consistent view; the listing is tried again instead (a few times)."""
+    unguarded = S3Backend.list_objects
+
+    def list_objects(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for _ in range(4):
+            try:
+                return unguarded(self, *args, **kwargs)
+            except (KeyError, RuntimeError):  # a key deleted, or the dict changed, meanwhile
+                continue
+        return unguarded(self, *args, **kwargs)
+
+    S3Backend.list_objects = list_objects  # type: ignore[method-assign]
