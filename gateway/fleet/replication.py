@@ -10,7 +10,11 @@ body (``SMALL_BODY_BYTES``) is not streamed: it travels with the commit, which s
 commits it on the holder in one request and one fsync.
 
 Loop-bound. A holder that fails is left out of the rest of the write, never retried within
-it: the policy decides whether fewer copies may be acknowledged.
+it. One that cannot be reached for the commit (killed a moment ago: membership notices
+within a renewal, a second) is replaced by the next member by rendezvous when the commit
+carries everything it needs (a small body, a delete, or bodies ``resend`` can send again),
+as a reader and the re-replication of a lost holder would look for it there; only then
+does the policy decide whether fewer copies may be acknowledged.
 """
 
 from __future__ import annotations
@@ -80,9 +84,12 @@ class Replication:
         # Versions acknowledged with fewer copies (degrade): set by the composition root.
         self.short: ShortCopies | None = None
 
-    def holders(self, bucket: str, key: str) -> list[Member]:
+    def holders(self, bucket: str, key: str, copies: int | None = None) -> list[Member]:
+        """The first ``copies`` (default N) holders of ``bucket/key`` among the reachable
+        members, in rendezvous order."""
         live = [m for m in self._membership.active() if m.is_reachable]
-        return choose(live, bucket, key, self.policy.copies, self.me.zone)
+        wanted = self.policy.copies if copies is None else copies
+        return choose(live, bucket, key, wanted, self.me.zone)
 
     def start(
         self,
@@ -164,6 +171,7 @@ class ReplicaWrite:
         self._small_body: bytes | None = None  # sent with the commit
         self._crc32c: int | None = None  # the body's, once staged: named in its commit
         self.failed: set[str] = set()
+        self._unreached: set[str] = set()  # holders the commit could not reach
 
     # -- the body -------------------------------------------------------------------------
 
@@ -325,6 +333,13 @@ class ReplicaWrite:
         chosen = [m for m in self.holders if m.node_id in {h.node_id for h in holders}]
         results = await asyncio.gather(*(self._commit_one(m, doc, resend) for m in chosen))
         copies = sum(results)
+        unreached = [m for m in chosen if m.node_id in self._unreached]
+        if (
+            unreached
+            and not self._is_remake
+            and (doc.body is not None or not doc.stage_ids or resend)
+        ):
+            copies += await self._substitute(len(unreached), doc, resend)
         if not self._is_remake:
             wanted = self._replication.policy.copies
             short = self._replication.short
@@ -334,6 +349,30 @@ class ReplicaWrite:
                 await short.note(meta.bucket, meta.key, seq, copies, wanted)
             self._replication._enough(copies, f"{meta.bucket}/{meta.key}", committed_here=True)
         return copies
+
+    async def _substitute(
+        self,
+        count: int,
+        doc: ReplicaCommit,
+        resend: Callable[[str], AsyncIterator[bytes]] | None,
+    ) -> int:
+        """Commit on up to ``count`` members that come next by rendezvous after the
+        holders tried (they could not be reached); on how many it committed. Those that
+        did join the holders (a ``withdraw`` tells them too)."""
+        tried = {m.node_id for m in self.holders}
+        ranked = self._replication.holders(self.bucket, self.key, len(tried) + count)
+        spare = [m for m in ranked if m.node_id not in tried][:count]
+        results = await asyncio.gather(*(self._commit_one(m, doc, resend) for m in spare))
+        for member, ok in zip(spare, results, strict=True):
+            self.holders.append(member)
+            if ok:
+                log.info(
+                    "replica of %s/%s on %s instead (a holder could not be reached)",
+                    self.bucket,
+                    self.key,
+                    member.node_id,
+                )
+        return sum(results)
 
     async def withdraw(self, seq: int) -> bool:
         """This node's own commit of ``seq`` failed after an early commit on the holders:
@@ -376,6 +415,7 @@ class ReplicaWrite:
                     )
                 missing = await transport.replica_commit(member.address, doc, _COMMIT_TIMEOUT_S)
         except PeerUnavailable as exc:
+            self._unreached.add(member.node_id)
             log.warning(
                 "replica commit of %s/%s on %s failed: %s",
                 doc.meta.bucket,

@@ -441,10 +441,10 @@ def test_a_lost_holders_versions_are_replicated_again(wipe_holder: bool) -> None
 
 
 async def _older_after_a_cut(key: str) -> tuple[list[str], str, str]:
-    """c writes v1 of ``key`` (its replica on b), is cut off from b, writes v2 (refused:
-    b cannot commit it, but committed on c), uploads v2 and dies before marking it done.
-    b, for which c has been silent, takes c's versions over: the bucket's arrivals of
-    ``key``, and the two bodies."""
+    """c writes v1 of ``key`` (its replica on b), is cut off from b and a, writes v2
+    (refused: no holder can commit it, but committed on c), uploads v2 and dies before
+    marking it done. b, for which c has been silent, takes c's versions over: the
+    bucket's arrivals of ``key``, and the two bodies."""
     fleet = ReplicaFleet(3, 3, upload_s=(0.2, 0.2), peer_timeout_s=PEER_TIMEOUT_S)
     await fleet.start()
     ledger = Ledger()
@@ -454,6 +454,7 @@ async def _older_after_a_cut(key: str) -> tuple[list[str], str, str]:
     v1, v2 = ledger.body(key), ledger.body(key)
     assert await request(c, key, v1) is not None
     fleet.net.cut(fleet.address_of("c"), fleet.address_of("b"))
+    fleet.net.cut(fleet.address_of("c"), fleet.address_of("a"))  # else a takes b's place
     assert await request(c, key, v2) is None  # no replica: refused, committed on c
     landed = fleet.bucket.land
 
