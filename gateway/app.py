@@ -480,7 +480,9 @@ def _s3_services(
             fleet=fleet,
             fresh=fresh,
         ),
-        deletes=DeleteService(journal, blobs, buckets, clock, fleet),
+        deletes=DeleteService(
+            journal, blobs, buckets, clock, fleet, conditional_delete=object_service.delete_object
+        ),
         attributes=ObjectAttributesService(journal, upstream, buckets, fresh, fleet),
         credentials=credentials,
         region=settings.upstream_region,

@@ -233,13 +233,20 @@ class ObjectService:
         except NoSuchKey:
             return None, seq
 
-    async def delete_object(self, bucket: str, key: str) -> None:
+    async def delete_object(self, bucket: str, key: str, cond: Preconditions | None = None) -> None:
+        """DeleteObject; ``cond``: S3's conditional delete (``If-Match``: an ETag, or ``*``
+        for any object; 412 on another version, 404 NoSuchKey when there is none), decided
+        here as a conditional PutObject is, against the fleet's newest version."""
         validate_key(key)
         await self._buckets.require(bucket)
+        check = None if cond is None else await self.write_guard(bucket, key, cond)
         async with fleet_writing(self._fleet, bucket, key) as announced:
             replica = self._fleet.replicate(bucket, key) if self._fleet else None
             await announced
-            row, superseded = await self._journal.commit_delete(bucket, key, self._clock.wall())
+            async with fleet_deciding(self._fleet, bucket, key, check):
+                row, superseded = await self._journal.commit_delete(
+                    bucket, key, self._clock.wall(), check
+                )
         await self._blobs.discard(superseded)
         if replica is not None:
             await commit_replicas(replica, replica.holders, row, is_delete=True)

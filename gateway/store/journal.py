@@ -106,13 +106,18 @@ class Journal(JournalEngine):
         return current(conn, bucket, key)
 
     async def commit_delete(
-        self, bucket: str, key: str, acked_s: float
+        self, bucket: str, key: str, acked_s: float, check: RowCheck | None = None
     ) -> tuple[LocalObject, list[str]]:
-        """Record a delete of ``key`` (a pending tombstone). Returns it and the superseded blob."""
+        """Record a delete of ``key`` (a pending tombstone). Returns it and the superseded blob.
+        ``check``: as for ``commit_put`` (a conditional delete)."""
         meta = ObjectMeta(bucket=bucket, key=key, size_bytes=0, etag="", last_modified_s=acked_s)
-        return await self.run_write_versions(
-            1, lambda c, seq: self.upsert(c, seq, meta, None, (), True, acked_s)
-        )
+
+        def op(conn: sqlite3.Connection, seq: int) -> tuple[LocalObject, list[str]]:
+            if check is not None:
+                check(self.current(conn, bucket, key))
+            return self.upsert(conn, seq, meta, None, (), True, acked_s)
+
+        return await self.run_write_versions(1, op)
 
     async def commit_copy(
         self,

@@ -430,6 +430,58 @@ def test_delete_objects_quiet_and_per_key_errors(s3: Any, bucket: str) -> None:
     assert list_all_keys(s3, bucket) == []
 
 
+def test_conditional_delete_object(gateway: Any, s3: Any, upstream: Any, bucket: str) -> None:
+    """S3's conditional delete (general purpose buckets since 2025-09): ``If-Match`` an ETag
+    or ``*``; 412 on another version, 404 when there is none; the object stays on a
+    refusal. It used to be ignored: every conditional delete deleted."""
+    upstream.put_object(Bucket=bucket, Key="cd/remote", Body=b"remote")  # upstream only
+    with gateway.flush_paused():
+        s3.put_object(Bucket=bucket, Key="cd/local", Body=b"v1")
+        s3.put_object(Bucket=bucket, Key="cd/star", Body=b"any")
+        stale = _client_error(
+            s3.delete_object, Bucket=bucket, Key="cd/local", IfMatch=quoted_md5(b"v0")
+        )
+        assert (error_status(stale), error_code(stale)) == (412, "PreconditionFailed")
+        assert read_body(s3.get_object(Bucket=bucket, Key="cd/local")) == b"v1"
+        s3.delete_object(Bucket=bucket, Key="cd/local", IfMatch=quoted_md5(b"v1"))
+        gone = _client_error(s3.delete_object, Bucket=bucket, Key="cd/local", IfMatch="*")
+        assert (error_status(gone), error_code(gone)) == (404, "NoSuchKey")
+        s3.delete_object(Bucket=bucket, Key="cd/star", IfMatch="*")
+        wrong = _client_error(s3.delete_object, Bucket=bucket, Key="cd/remote", IfMatch='"00"')
+        assert error_code(wrong) == "PreconditionFailed"
+        s3.delete_object(Bucket=bucket, Key="cd/remote", IfMatch=quoted_md5(b"remote"))
+        size = _client_error(s3.delete_object, Bucket=bucket, Key="cd/x", IfMatchSize=3)
+        assert (error_status(size), error_code(size)) == (501, "NotImplemented")
+        for key in ("cd/local", "cd/star", "cd/remote"):
+            assert error_code(_client_error(s3.head_object, Bucket=bucket, Key=key)) == "404"
+    gateway.drained(bucket=bucket)
+    assert not [k for k in upstream_objects(upstream, bucket) if k.startswith("cd/")]
+
+
+def test_conditional_entries_of_delete_objects(s3: Any, bucket: str) -> None:
+    """An ``<ETag>`` in a DeleteObjects entry deletes that key only if it is this version;
+    a refusal is that key's ``Error``, the others are deleted."""
+    for key in ("ce/a", "ce/b", "ce/c"):
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    resp = s3.delete_objects(
+        Bucket=bucket,
+        Delete={
+            "Objects": [
+                {"Key": "ce/a", "ETag": quoted_md5(b"ce/a")},
+                {"Key": "ce/b", "ETag": quoted_md5(b"not b")},
+                {"Key": "ce/c"},
+                {"Key": "ce/none", "ETag": quoted_md5(b"x")},
+            ]
+        },
+    )
+    assert sorted(d["Key"] for d in resp["Deleted"]) == ["ce/a", "ce/c"]
+    assert sorted((e["Key"], e["Code"]) for e in resp["Errors"]) == [
+        ("ce/b", "PreconditionFailed"),
+        ("ce/none", "NoSuchKey"),
+    ]
+    assert list_all_keys(s3, bucket) == ["ce/b"]
+
+
 def _post_delete(gateway: Any, bucket: str, body: bytes, headers: dict[str, str]) -> Any:
     url = f"{gateway.endpoint}/{bucket}?delete="
     return send_signed(sign_request("POST", url, headers=headers, body=body))

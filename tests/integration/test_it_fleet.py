@@ -406,6 +406,28 @@ def test_a_writers_own_older_version_gives_way_to_a_peers_newer_one_in_a_conditi
     assert read_body(fleet_upstream(a).get_object(Bucket=bucket, Key=key)) == b"newest"
 
 
+def test_a_conditional_delete_goes_by_what_another_node_holds(
+    fleet: list[Any], bucket: str
+) -> None:
+    """DeleteObject with ``If-Match`` through a, of a version b holds unflushed: refused
+    412 on another ETag, carried out on b's, and then a delete everywhere."""
+    a, b, _ = fleet
+    key = "cond-del/k"
+    with b.flush_paused():
+        b.client().put_object(Bucket=bucket, Key=key, Body=b"from b")
+        with pytest.raises(ClientError) as stale:
+            a.client().delete_object(Bucket=bucket, Key=key, IfMatch=quoted_md5(b"other"))
+        assert error_code(stale.value) == "PreconditionFailed"
+        a.client().delete_object(Bucket=bucket, Key=key, IfMatch=quoted_md5(b"from b"))
+        with pytest.raises(ClientError) as gone:
+            b.client().head_object(Bucket=bucket, Key=key)
+        assert error_code(gone.value) == "404"
+    a.drained(bucket=bucket)
+    b.drained(bucket=bucket)
+    with pytest.raises(ClientError):
+        fleet_upstream(a).head_object(Bucket=bucket, Key=key)
+
+
 def test_a_bucket_is_not_deleted_under_another_nodes_unflushed_writes(fleet: list[Any]) -> None:
     """DeleteBucket through a while b holds an acknowledged write in it is BucketNotEmpty,
     as S3 answers for a bucket holding an object: a checked only its own rows, deleted the

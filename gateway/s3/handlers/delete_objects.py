@@ -99,11 +99,20 @@ def parse_delete(raw: bytes) -> tuple[bool, list[DeleteEntry]]:
         raise MalformedXML()
     entries = []
     for obj in objects:
-        key = obj.get("Key") if isinstance(obj, dict) else None
-        version = obj.get("VersionId") if isinstance(obj, dict) else None
-        if not isinstance(key, str) or not (version is None or isinstance(version, str)):
+        if not isinstance(obj, dict):
             raise MalformedXML()
-        entries.append(DeleteEntry(key, version))
+        key, version, etag = obj.get("Key"), obj.get("VersionId"), obj.get("ETag")
+        if not isinstance(key, str) or not all(
+            v is None or isinstance(v, str) for v in (version, etag)
+        ):
+            raise MalformedXML()
+        for name in ("LastModifiedTime", "Size"):  # directory buckets' conditions
+            if name in obj:
+                raise S3NotImplemented(
+                    "A header you provided implies functionality that is not implemented",
+                    Header=name,
+                )
+        entries.append(DeleteEntry(key, version, None if etag is None else etag.strip()))
     return quiet, entries
 
 

@@ -137,6 +137,20 @@ def write_preconditions(headers: Mapping[str, str]) -> Preconditions:
     return Preconditions(if_match=if_match, if_none_match=if_none_match)
 
 
+def delete_preconditions(headers: Mapping[str, str]) -> Preconditions | None:
+    """DeleteObject's condition: ``If-Match`` (an ETag, or ``*``), as S3's general purpose
+    buckets take it since 2025-09; None without one. The directory buckets' size and
+    modification-time conditions are not implemented (501)."""
+    for name in ("x-amz-if-match-size", "x-amz-if-match-last-modified-time"):
+        if name in headers:
+            raise S3NotImplemented(
+                "A header you provided implies functionality that is not implemented",
+                Header=name,
+            )
+    if_match = headers.get("If-Match")
+    return None if if_match is None else Preconditions(if_match=if_match)
+
+
 def object_headers(
     head: ObjectHead, *, with_checksums: bool, overrides: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -288,5 +302,5 @@ async def delete_object(
     request: web.Request, op: ops.DeleteObject, svc: S3Services, auth: AuthContext
 ) -> web.StreamResponse:
     svc.check_writable()
-    await svc.objects.delete_object(op.bucket, op.key)
+    await svc.objects.delete_object(op.bucket, op.key, delete_preconditions(request.headers))
     return web.Response(status=204)
