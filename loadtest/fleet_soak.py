@@ -9,9 +9,10 @@ disk wiped, and come back. What it checks, as a client of S3 would:
   acknowledged operation made it (a write whose answer was lost with its node may or may
   not have happened, until the next acknowledged one supersedes it; one answered with an
   S3 error never happened);
-- conditional writes across the fleet: a PUT with ``If-None-Match: *`` or ``If-Match``
-  through any node is written or refused (412, or 404) as S3 would, by the key's last
-  acknowledged state, whichever node wrote it and whichever is down;
+- conditional writes across the fleet: a PUT with ``If-None-Match: *`` or ``If-Match``, or
+  a DELETE with ``If-Match``, through any node is carried out or refused (412, or 404) as
+  S3 would, by the key's last acknowledged state, whichever node wrote it and whichever
+  is down;
 - the same through each node's GET and LIST, and nothing under the control prefix.
 
 Every key is operated on by one client thread at a time (so "last" is well defined), through
@@ -83,7 +84,7 @@ class Tally:
     stale_reads: list[str] = field(default_factory=list)
     failed_reads: int = 0
     stale_copies: list[str] = field(default_factory=list)  # a copy of an older source
-    conditional: int = 0  # conditional PUTs answered (200, 412, 404)
+    conditional: int = 0  # conditional PUTs and deletes answered (200/204, 412, 404)
     wrong_conditions: list[str] = field(default_factory=list)  # 200 where S3 says 412, or not
     final_wrong: list[str] = field(default_factory=list)
 
@@ -122,10 +123,15 @@ class Soak:
             if roll < 0.1:
                 if not state.settled:
                     return
-                body = payload(rng.choice((700, 30_000)), f"{name}/{rng.random()}")
-                intended = etag_of(body)
                 condition, expect = _condition(rng, next(iter(state.possible)))
-                got = s3.put_object(Bucket=self.bucket, Key=name, Body=body, **condition)["ETag"]
+                if "IfMatch" in condition and rng.random() < 0.4:  # a conditional delete
+                    intended = got = ABSENT
+                    s3.delete_object(Bucket=self.bucket, Key=name, **condition)
+                else:
+                    body = payload(rng.choice((700, 30_000)), f"{name}/{rng.random()}")
+                    intended = etag_of(body)
+                    out = s3.put_object(Bucket=self.bucket, Key=name, Body=body, **condition)
+                    got = out["ETag"]
             elif roll < 0.55:
                 body = payload(rng.choice((700, 30_000, 400_000)), f"{name}/{rng.random()}")
                 intended = etag_of(body)
@@ -191,7 +197,7 @@ class Soak:
         self.tally.conditional += 1
         if (status == 200) != expect:
             self.tally.wrong_conditions.append(
-                f"{name}: conditional PUT through {NAMES[node]} answered {status}, S3 would "
+                f"{name}: conditional write through {NAMES[node]} answered {status}, S3 would "
                 f"{'write it' if expect else 'refuse it'} "
                 f"(round {self.round}, {self.down or 'none'} down)"
             )
@@ -414,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"operations ({t.acked} acknowledged, {t.refused} refused, {t.unknown} unanswered), "
         f"{t.reads} cross-node reads ({len(t.stale_reads)} stale, {t.failed_reads} failed), "
         f"{len(t.stale_copies)} copies of an older source, "
-        f"{t.conditional} conditional PUTs ({len(t.wrong_conditions)} answered wrong), "
+        f"{t.conditional} conditional writes ({len(t.wrong_conditions)} answered wrong), "
         f"{len(t.final_wrong)} keys wrong at the end"
     )
     return 1 if t.stale_reads or t.stale_copies or t.wrong_conditions or t.final_wrong else 0
