@@ -479,6 +479,7 @@ def _s3_services(
             space=space,
             fleet=fleet,
             fresh=fresh,
+            write_guard=object_service.write_guard,
         ),
         deletes=DeleteService(
             journal, blobs, buckets, clock, fleet, conditional_delete=object_service.delete_object

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
@@ -33,7 +33,7 @@ from gateway.core.conditions import Preconditions, evaluate
 from gateway.core.freshness import FreshRows
 from gateway.core.ingest import validate_key
 from gateway.core.multipart import MAX_PART_NUMBER, MultipartService
-from gateway.core.writes import fleet_writing, replicate_local
+from gateway.core.writes import fleet_deciding, fleet_writing, replicate_local
 from gateway.errors import (
     IncompleteBody,
     InternalError,
@@ -42,15 +42,18 @@ from gateway.errors import (
     NoSuchKey,
     NotModified,
     PreconditionFailed,
+    S3NotImplemented,
 )
 from gateway.fleet.view import FleetView
 from gateway.models import LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore, WrittenBlob
-from gateway.store.journal import Journal
+from gateway.store.journal import Journal, RowCheck
 from gateway.store.space import CacheSpace
 from gateway.store.uploads import Part, UploadJournal
 from gateway.upstream.client import Upstream
 
+# ObjectService.write_guard: a conditional write's check, now and inside its commit.
+WriteGuard = Callable[[str, str, Preconditions], Awaitable[RowCheck | None]]
 _READ_PIECE_BYTES = 1 << 20
 # A source row can be superseded between lookup and link/open; look again this many times.
 _ATTEMPTS = 3
@@ -82,6 +85,8 @@ class CopyObjectRequest:
     replace: NewMetadata | None = None
     # Storage class / encryption / redirect asked for: a self-copy is then legal in S3.
     is_changing_attributes: bool = False
+    # The destination's (``If-None-Match: *``, ``If-Match``): a conditional copy.
+    destination: Preconditions = field(default_factory=Preconditions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +125,10 @@ class CopyService:
         space: CacheSpace | None = None,
         fleet: FleetView | None = None,
         fresh: FreshRows | None = None,
+        write_guard: WriteGuard | None = None,
     ) -> None:
         self._space = space
+        self._write_guard = write_guard  # a conditional copy's check (ObjectService's)
         self._fleet = fleet
         # A copy's source as reads see it (in a fleet, a flushed copy checked: freshness.py).
         self._fresh = fresh or FreshRows(journal, upstream, blobs, clock, fleet)
@@ -140,19 +147,31 @@ class CopyService:
     async def copy_object(self, req: CopyObjectRequest) -> ObjectMeta:
         """Admission first: a local source reserves its size; an upstream source (size
         unknown before its GET) reserves nothing but is refused when the cache is full."""
+        check = await self._destination_check(req)
         source = await self._journal.get(req.source_bucket, req.source_key)
         size_bytes = source.meta.size_bytes if source is not None else 0
         async with fleet_writing(self._fleet, req.bucket, req.key) as announced:
             replica = self._fleet.replicate(req.bucket, req.key) if self._fleet else None
             await announced  # before anything can commit
-            meta = await admitted(self._space, size_bytes, self._copy_object(req))
+            meta = await admitted(self._space, size_bytes, self._copy_object(req, check))
         if replica is not None:  # the copy's bodies go to its holders from this node's disk
             row = await self._journal.get(req.bucket, req.key)
             if row is not None and row.meta.etag == meta.etag:
                 await replicate_local(replica, row, self._blobs)
         return meta
 
-    async def _copy_object(self, req: CopyObjectRequest) -> ObjectMeta:
+    async def _destination_check(self, req: CopyObjectRequest) -> RowCheck | None:
+        """A conditional copy (``If-None-Match: *`` / ``If-Match`` on the destination):
+        checked now against the destination's current version, as a conditional
+        PutObject, and again inside the commit."""
+        if req.destination.is_empty:
+            return None
+        if self._write_guard is None:
+            raise S3NotImplemented("Conditional copies are not implemented here.")
+        validate_key(req.key)
+        return await self._write_guard(req.bucket, req.key, req.destination)
+
+    async def _copy_object(self, req: CopyObjectRequest, check: RowCheck | None) -> ObjectMeta:
         validate_key(req.key)
         validate_key(req.source_key)
         await self._buckets.require(req.source_bucket)
@@ -162,23 +181,27 @@ class CopyService:
             raise InvalidRequest(SELF_COPY_MESSAGE)
         for _ in range(_ATTEMPTS):
             row = await self._journal.get(req.source_bucket, req.source_key)
-            from_peer = await self._copy_from_peer(req, row)
+            from_peer = await self._copy_from_peer(req, row, check)
             if from_peer is not None:
                 return from_peer
             local = await self._fresh.after_peers(row)  # checked after the peers
             if local is None:
-                return await self._copy_from_upstream(req)
+                return await self._copy_from_upstream(req, check)
             _require_version(local, req.source_key)
             check_source(req.conditions, local.meta)
             try:
                 linked = await self._blobs.link(local.blob_ids)
             except FileNotFoundError:
                 continue  # the source was superseded after the lookup: look again
-            return await self._commit_linked(req, local, linked)
+            return await self._commit_linked(req, local, linked, check)
         raise InternalError("The copy source kept changing; retry the request.")
 
     async def _commit_linked(
-        self, req: CopyObjectRequest, source: LocalObject, linked: list[str]
+        self,
+        req: CopyObjectRequest,
+        source: LocalObject,
+        linked: list[str],
+        check: RowCheck | None,
     ) -> ObjectMeta:
         now = self._clock.wall()
         meta = _copied_meta(req, source.meta, now)
@@ -192,9 +215,10 @@ class CopyService:
             else:  # single body (an empty object has a blob too; a missing one stays None)
                 parts, blob_id = (), (linked[0] if linked else None)
             # An inline source (no files) is copied as bytes: it is small by definition.
-            _, superseded = await self._journal.commit_copy(
-                meta, blob_id, parts, now, crc32c=source.crc32c, body=source.body
-            )
+            async with fleet_deciding(self._fleet, req.bucket, req.key, check):
+                _, superseded = await self._journal.commit_copy(
+                    meta, blob_id, parts, now, crc32c=source.crc32c, body=source.body, check=check
+                )
         except BaseException:
             await asyncio.shield(self._blobs.discard(linked))
             raise
@@ -202,7 +226,7 @@ class CopyService:
         return meta
 
     async def _copy_from_peer(
-        self, req: CopyObjectRequest, local: LocalObject | None
+        self, req: CopyObjectRequest, local: LocalObject | None, check: RowCheck | None
     ) -> ObjectMeta | None:
         """In a fleet: a source another node holds unflushed (newer than this node's row)
         is copied from there, as the bucket's would be (docs/fleet.md); None otherwise."""
@@ -221,9 +245,11 @@ class CopyService:
             )
         finally:
             await found.aclose()
-        return await self._commit_fetched(req, found.head.meta, blob)
+        return await self._commit_fetched(req, found.head.meta, blob, check)
 
-    async def _copy_from_upstream(self, req: CopyObjectRequest) -> ObjectMeta:
+    async def _copy_from_upstream(
+        self, req: CopyObjectRequest, check: RowCheck | None
+    ) -> ObjectMeta:
         remote = await self._upstream.get_object(req.source_bucket, req.source_key)
         try:
             check_source(req.conditions, remote.meta)
@@ -232,10 +258,14 @@ class CopyService:
             )
         finally:
             remote.close()
-        return await self._commit_fetched(req, remote.meta, blob)
+        return await self._commit_fetched(req, remote.meta, blob, check)
 
     async def _commit_fetched(
-        self, req: CopyObjectRequest, source: ObjectMeta, blob: WrittenBlob
+        self,
+        req: CopyObjectRequest,
+        source: ObjectMeta,
+        blob: WrittenBlob,
+        check: RowCheck | None,
     ) -> ObjectMeta:
         """Commit a copy whose body was fetched from elsewhere (the bucket, a peer)."""
         now = self._clock.wall()
@@ -247,9 +277,10 @@ class CopyService:
                 etag=blob.digests["md5"].hex(),
                 checksums={},
             )
-            _, superseded = await self._journal.commit_put(
-                meta, blob.blob_id, now, crc32c=blob.crc32c
-            )
+            async with fleet_deciding(self._fleet, req.bucket, req.key, check):
+                _, superseded = await self._journal.commit_put(
+                    meta, blob.blob_id, now, check, crc32c=blob.crc32c
+                )
         except BaseException:
             await asyncio.shield(self._blobs.discard([blob.blob_id]))
             raise

@@ -128,18 +128,23 @@ class Journal(JournalEngine):
         *,
         crc32c: int | None = None,
         body: bytes | None = None,
+        check: RowCheck | None = None,
     ) -> tuple[LocalObject, list[str]]:
         """Make a copy the newest version of its key: a single body (``blob_id``, or ``body``
         inline) or the ordered ``parts`` of a multipart body. The referenced blobs MUST be
         durable and owned by this row alone (fresh hard links), since a superseded row's
         blobs are unlinked. Returns the new row and the superseded blob ids (to unlink after
-        this returns)."""
-        return await self.run_write_versions(
-            1,
-            lambda c, seq: self.upsert(
-                c, seq, meta, blob_id, parts, False, acked_s, crc32c=crc32c, body=body
-            ),
-        )
+        this returns). ``check``: as for ``commit_put`` (a conditional copy).
+        """
+
+        def op(conn: sqlite3.Connection, seq: int) -> tuple[LocalObject, list[str]]:
+            if check is not None:
+                check(self.current(conn, meta.bucket, meta.key))
+            return self.upsert(
+                conn, seq, meta, blob_id, parts, False, acked_s, crc32c=crc32c, body=body
+            )
+
+        return await self.run_write_versions(1, op)
 
     async def commit_deletes(self, bucket: str, keys: Sequence[str], acked_s: float) -> list[str]:
         """Record deletes of every key in ``keys`` (pending tombstones) in ONE transaction:

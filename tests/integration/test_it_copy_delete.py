@@ -255,6 +255,48 @@ def test_copy_source_conditions(s3: Any, bucket: str) -> None:
     assert read_body(s3.get_object(Bucket=bucket, Key="e")) == body
 
 
+def test_conditional_copy_checks_its_destination(
+    gateway: Any, s3: Any, upstream: Any, bucket: str
+) -> None:
+    """CopyObject's own ``If-None-Match: *`` / ``If-Match`` (the destination's, not the
+    source's ``x-amz-copy-source-if-*``): refused 412 as a conditional PutObject is, from a
+    pending source and from one only upstream. They used to be ignored."""
+    upstream.put_object(Bucket=bucket, Key="cc/remote-src", Body=b"remote source")
+    s3.put_object(Bucket=bucket, Key="cc/src", Body=b"source")
+    s3.put_object(Bucket=bucket, Key="cc/dst", Body=b"destination v1")
+
+    def copy(source: str, **condition: str) -> Any:
+        return s3.copy_object(
+            Bucket=bucket, Key="cc/dst", CopySource={"Bucket": bucket, "Key": source}, **condition
+        )
+
+    for source in ("cc/src", "cc/remote-src"):
+        exists = _client_error(copy, source=source, IfNoneMatch="*")
+        assert (error_status(exists), error_code(exists)) == (412, "PreconditionFailed")
+        stale = _client_error(copy, source=source, IfMatch=quoted_md5(b"destination v0"))
+        assert error_code(stale) == "PreconditionFailed"
+    assert read_body(s3.get_object(Bucket=bucket, Key="cc/dst")) == b"destination v1"
+    copy("cc/src", IfMatch=quoted_md5(b"destination v1"))
+    assert read_body(s3.get_object(Bucket=bucket, Key="cc/dst")) == b"source"
+    copy("cc/remote-src", IfMatch=quoted_md5(b"source"))
+    assert read_body(s3.get_object(Bucket=bucket, Key="cc/dst")) == b"remote source"
+    s3.copy_object(
+        Bucket=bucket, Key="cc/new", CopySource={"Bucket": bucket, "Key": "cc/src"}, IfNoneMatch="*"
+    )
+    gone = _client_error(
+        s3.copy_object,
+        Bucket=bucket,
+        Key="cc/none",
+        CopySource={"Bucket": bucket, "Key": "cc/src"},
+        IfMatch=quoted_md5(b"x"),
+    )
+    assert error_code(gone) == "NoSuchKey"
+    gateway.drained(bucket=bucket)
+    stored = upstream_objects(upstream, bucket, "cc/")
+    assert sorted(stored) == ["cc/dst", "cc/new", "cc/remote-src", "cc/src"]
+    assert stored["cc/dst"]["ETag"] == quoted_md5(b"remote source")
+
+
 def test_copy_source_forms(gateway: Any, s3: Any, bucket: str) -> None:
     key = "dir/with space+plus ü?.bin"
     body = payload(4096, seed="forms")

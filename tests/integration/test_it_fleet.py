@@ -428,6 +428,29 @@ def test_a_conditional_delete_goes_by_what_another_node_holds(
         fleet_upstream(a).head_object(Bucket=bucket, Key=key)
 
 
+def test_a_conditional_copy_goes_by_what_another_node_holds(fleet: list[Any], bucket: str) -> None:
+    """CopyObject with ``If-None-Match: *`` / ``If-Match`` through a, onto a key b holds
+    unflushed: refused 412 while b's version is there, carried out on its ETag."""
+    a, b, _ = fleet
+    a.client().put_object(Bucket=bucket, Key="cond-copy/src", Body=b"source")
+    source = {"Bucket": bucket, "Key": "cond-copy/src"}
+    with b.flush_paused():
+        b.client().put_object(Bucket=bucket, Key="cond-copy/dst", Body=b"from b")
+        with pytest.raises(ClientError) as exists:
+            a.client().copy_object(
+                Bucket=bucket, Key="cond-copy/dst", CopySource=source, IfNoneMatch="*"
+            )
+        assert error_code(exists.value) == "PreconditionFailed"
+        a.client().copy_object(
+            Bucket=bucket, Key="cond-copy/dst", CopySource=source, IfMatch=quoted_md5(b"from b")
+        )
+        assert read_body(b.client().get_object(Bucket=bucket, Key="cond-copy/dst")) == b"source"
+    a.drained(bucket=bucket)
+    b.drained(bucket=bucket)
+    got = fleet_upstream(a).get_object(Bucket=bucket, Key="cond-copy/dst")
+    assert read_body(got) == b"source"
+
+
 def test_a_bucket_is_not_deleted_under_another_nodes_unflushed_writes(fleet: list[Any]) -> None:
     """DeleteBucket through a while b holds an acknowledged write in it is BucketNotEmpty,
     as S3 answers for a bucket holding an object: a checked only its own rows, deleted the

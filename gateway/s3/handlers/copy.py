@@ -15,6 +15,7 @@ from gateway.s3 import operations as ops
 from gateway.s3 import xml
 from gateway.s3.auth import AuthContext
 from gateway.s3.dispatch import S3Services, handles
+from gateway.s3.handlers.objects import write_preconditions
 from gateway.s3.metadata import content_type, stored_headers, user_metadata
 
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{1,19})")
@@ -113,6 +114,7 @@ async def copy_object(
         conditions=copy_conditions(headers),
         replace=new_metadata(headers),
         is_changing_attributes=any(h in headers for h in _ATTRIBUTE_HEADERS),
+        destination=write_preconditions(headers),
     )
     meta = await svc.copy.copy_object(req)
     return _xml(
