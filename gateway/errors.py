@@ -222,6 +222,12 @@ class ServiceUnavailable(S3Error):
     default_message = "Service is unable to handle request."
 
 
+class InvalidTag(S3Error):
+    code = "InvalidTag"
+    status = 400
+    default_message = "The tag provided was not a valid tag."
+
+
 class InvalidStorageClass(S3Error):
     code = "InvalidStorageClass"
     status = 400

@@ -17,6 +17,20 @@ class FlushState(StrEnum):
     FAILED = "failed"  # a permanent upstream error; kept until an operator retries
 
 
+# Headers of a write that S3 applies to the object in the bucket, not to its bytes: its
+# encryption at rest (SSE-S3, SSE-KMS, DSSE-KMS), storage class and tags. Stored with the
+# version (``ObjectMeta.headers``) and sent with its upload; a copy takes the request's
+# (the source's tags unless ``x-amz-tagging-directive: REPLACE``), as S3's CopyObject does.
+UPSTREAM_HEADERS = (
+    "x-amz-server-side-encryption",
+    "x-amz-server-side-encryption-aws-kms-key-id",
+    "x-amz-server-side-encryption-context",
+    "x-amz-server-side-encryption-bucket-key-enabled",
+    "x-amz-storage-class",
+    "x-amz-tagging",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectMeta:
     """What S3 returns about an object version. ``etag`` is unquoted hex (``-N`` for multipart)."""

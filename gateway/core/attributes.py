@@ -89,8 +89,15 @@ def local_attributes(
 ) -> ObjectAttributes:
     """The attributes of a local version, with one page of its parts."""
     meta = local.meta
+    storage_class = meta.headers.get("x-amz-storage-class", "STANDARD")
     if not local.parts:
-        return ObjectAttributes(meta.etag, meta.size_bytes, meta.last_modified_s, meta.checksums)
+        return ObjectAttributes(
+            meta.etag,
+            meta.size_bytes,
+            meta.last_modified_s,
+            meta.checksums,
+            storage_class=storage_class,
+        )
     has_checksum = bool(meta.checksums)
     numbered = [
         PartAttributes(n, p.size_bytes, p.checksum)
@@ -108,4 +115,5 @@ def local_attributes(
         part_number_marker=part_number_marker,
         max_parts=max_parts,
         is_truncated=has_checksum and len(numbered) > max_parts,
+        storage_class=storage_class,
     )

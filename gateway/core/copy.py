@@ -45,7 +45,7 @@ from gateway.errors import (
     S3NotImplemented,
 )
 from gateway.fleet.view import FleetView
-from gateway.models import LocalObject, ObjectMeta
+from gateway.models import UPSTREAM_HEADERS, LocalObject, ObjectMeta
 from gateway.store.blobs import BlobStore, WrittenBlob
 from gateway.store.journal import Journal, RowCheck
 from gateway.store.space import CacheSpace
@@ -54,6 +54,7 @@ from gateway.upstream.client import Upstream
 
 # ObjectService.write_guard: a conditional write's check, now and inside its commit.
 WriteGuard = Callable[[str, str, Preconditions], Awaitable[RowCheck | None]]
+_TAGGING = "x-amz-tagging"
 _READ_PIECE_BYTES = 1 << 20
 # A source row can be superseded between lookup and link/open; look again this many times.
 _ATTEMPTS = 3
@@ -87,6 +88,10 @@ class CopyObjectRequest:
     is_changing_attributes: bool = False
     # The destination's (``If-None-Match: *``, ``If-Match``): a conditional copy.
     destination: Preconditions = field(default_factory=Preconditions)
+    # The copy's encryption, storage class and tags as asked (``UPSTREAM_HEADERS``), and
+    # whether its tags are the request's (``x-amz-tagging-directive: REPLACE``).
+    target_headers: Mapping[str, str] = field(default_factory=dict)
+    is_tagging_replaced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,7 +492,14 @@ def _copied_meta(req: CopyObjectRequest, source: ObjectMeta, now_s: float) -> Ob
             user_metadata=dict(req.replace.user_metadata),
             headers=dict(req.replace.headers),
         )
-    return meta
+    # Encryption and storage class are the request's (else the bucket's defaults), tags
+    # the source's unless replaced: S3's CopyObject.
+    headers = {k: v for k, v in meta.headers.items() if k not in UPSTREAM_HEADERS}
+    headers.update({k: v for k, v in req.target_headers.items() if k != _TAGGING})
+    tags = req.target_headers if req.is_tagging_replaced else source.headers
+    if _TAGGING in tags:
+        headers[_TAGGING] = tags[_TAGGING]
+    return replace(meta, headers=headers)
 
 
 async def _read_range(

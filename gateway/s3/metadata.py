@@ -20,8 +20,16 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from urllib.parse import parse_qsl
 
-from gateway.errors import MetadataTooLarge
+from gateway.errors import (
+    InvalidArgument,
+    InvalidStorageClass,
+    InvalidTag,
+    MetadataTooLarge,
+    S3NotImplemented,
+)
+from gateway.models import UPSTREAM_HEADERS
 
 # System metadata S3 stores with an object and returns on GET/HEAD (as sent, see above).
 STORED_HEADERS = (
@@ -81,6 +89,7 @@ def stored_headers(headers: Mapping[str, str]) -> dict[str, str]:
     exactly as sent, less its ``aws-chunked`` tokens (a framing of this request, not part of
     the object): ``deflate, gzip`` stays ``deflate, gzip``, ``gzip, aws-chunked`` is
     ``gzip``, and ``aws-chunked`` alone stores no Content-Encoding."""
+    refuse_unsupported(headers)
     stored = {name: header_text(headers[name]) for name in STORED_HEADERS if name in headers}
     if not stored.get("expires", "x").strip():
         # An empty Expires is no date at all: kept, it would be answered as ``Expires:``,
@@ -90,7 +99,112 @@ def stored_headers(headers: Mapping[str, str]) -> dict[str, str]:
         kept = without_aws_chunked(stored.pop("content-encoding"))
         if kept:
             stored["content-encoding"] = kept
+    stored.update(upstream_headers(headers))
     return stored
+
+
+_SSE = ("AES256", "aws:kms", "aws:kms:dsse")
+_STORAGE_CLASSES = frozenset(
+    (
+        "STANDARD",
+        "REDUCED_REDUNDANCY",
+        "STANDARD_IA",
+        "ONEZONE_IA",
+        "INTELLIGENT_TIERING",
+        "GLACIER",
+        "DEEP_ARCHIVE",
+        "GLACIER_IR",
+    )
+)
+# Asked of S3 and not carried by this gateway: refused (501) rather than dropped. SSE-C
+# needs the client's key on every read, object lock a retention the bucket enforces, and an
+# append (directory buckets only) is not an overwrite.
+_REFUSED_HEADERS = (
+    "x-amz-server-side-encryption-customer-algorithm",
+    "x-amz-server-side-encryption-customer-key",
+    "x-amz-server-side-encryption-customer-key-md5",
+    "x-amz-object-lock-mode",
+    "x-amz-object-lock-retain-until-date",
+    "x-amz-object-lock-legal-hold",
+    "x-amz-write-offset-bytes",
+)
+_MAX_TAGS = 10
+
+
+def refuse_unsupported(headers: Mapping[str, str]) -> None:
+    """501 NotImplemented, naming it, for a header whose meaning this gateway would drop."""
+    for name in _REFUSED_HEADERS:
+        if name in headers:
+            raise S3NotImplemented(
+                "A header you provided implies functionality that is not implemented",
+                Header=name,
+            )
+
+
+def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The request's ``UPSTREAM_HEADERS``, checked as S3 checks them (400 otherwise, before
+    anything is stored: an upload S3 would refuse must never be acknowledged)."""
+    sent = {name: headers[name].strip() for name in UPSTREAM_HEADERS if name in headers}
+    sse = sent.get("x-amz-server-side-encryption")
+    if sse is not None and sse not in _SSE:
+        raise InvalidArgument(
+            "The encryption method specified is not supported",
+            ArgumentName="x-amz-server-side-encryption",
+            ArgumentValue=sse,
+        )
+    for name in (
+        "x-amz-server-side-encryption-aws-kms-key-id",
+        "x-amz-server-side-encryption-context",
+    ):
+        if name in sent and (sse is None or not sse.startswith("aws:kms")):
+            raise InvalidArgument(
+                f"{name} is only valid with x-amz-server-side-encryption: aws:kms",
+                ArgumentName=name,
+                ArgumentValue=sent[name],
+            )
+    bucket_key = sent.get("x-amz-server-side-encryption-bucket-key-enabled")
+    if bucket_key is not None:
+        if bucket_key.lower() not in ("true", "false"):
+            raise InvalidArgument(
+                "Bucket key must be true or false",
+                ArgumentName="x-amz-server-side-encryption-bucket-key-enabled",
+                ArgumentValue=bucket_key,
+            )
+        sent["x-amz-server-side-encryption-bucket-key-enabled"] = bucket_key.lower()
+    storage = sent.get("x-amz-storage-class")
+    if storage is not None and storage not in _STORAGE_CLASSES:
+        raise InvalidStorageClass(StorageClassRequested=storage)
+    if "x-amz-tagging" in sent:
+        check_tagging(sent["x-amz-tagging"])
+    return sent
+
+
+def check_tagging(value: str) -> None:
+    """``x-amz-tagging`` (URL query form): at most 10 tags, keys of 1-128 characters and
+    values of at most 256, each key once (S3's limits; 400 InvalidTag otherwise)."""
+    try:
+        tags = parse_qsl(value, keep_blank_values=True, strict_parsing=bool(value))
+    except ValueError as exc:
+        raise InvalidArgument(
+            "The header 'x-amz-tagging' shall be encoded as UTF-8 then URLEncoded URL query "
+            "parameters without tag name duplicates.",
+            ArgumentName="x-amz-tagging",
+        ) from exc
+    keys = [k for k, _ in tags]
+    if len(tags) > _MAX_TAGS:
+        raise InvalidTag("Object tags cannot be greater than 10")
+    if len(set(keys)) != len(keys):
+        raise InvalidTag("Cannot provide multiple Tags with the same key")
+    for key, tag_value in tags:
+        if not 1 <= len(key) <= 128:
+            raise InvalidTag("The TagKey you have provided is invalid")
+        if len(tag_value) > 256:
+            raise InvalidTag("The TagValue you have provided is invalid")
+
+
+def tag_count(value: str) -> int:
+    """How many tags a stored ``x-amz-tagging`` holds."""
+    return len(parse_qsl(value, keep_blank_values=True))
 
 
 def without_aws_chunked(value: str) -> str:

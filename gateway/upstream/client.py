@@ -40,6 +40,7 @@ from gateway import __version__
 from gateway.errors import NoSuchBucket, NoSuchKey, S3Error
 from gateway.metrics import UPSTREAM_REQUESTS
 from gateway.models import (
+    UPSTREAM_HEADERS,
     BucketInfo,
     ListEntry,
     ObjectAttributes,
@@ -74,7 +75,9 @@ _TOTAL_SIZE = re.compile(r"bytes \d+-\d+/(\d+)")
 # string (an unparseable one too, which it returns verbatim), while botocore's Expires
 # parameter is a timestamp that refuses such a value and reformats a valid one.
 _RAW_HEADERS: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("upstream_raw", default=())
-_RAW_HEADER_NAMES = {"expires": "Expires"}
+# The object's encryption, storage class and tags (``UPSTREAM_HEADERS``) go the same way,
+# as the client sent them (S3 checks them; ingest checked them as S3 does).
+_RAW_HEADER_NAMES = {"expires": "Expires", **{name: name for name in UPSTREAM_HEADERS}}
 # The (bucket, key) of the PutObject the current task sends through botocore (_learn_target).
 _PUT_KEY: ContextVar[tuple[str, str] | None] = ContextVar("upstream_put", default=None)
 # Characters XML 1.0 cannot carry, even as references.

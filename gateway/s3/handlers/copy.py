@@ -16,7 +16,13 @@ from gateway.s3 import xml
 from gateway.s3.auth import AuthContext
 from gateway.s3.dispatch import S3Services, handles
 from gateway.s3.handlers.objects import write_preconditions
-from gateway.s3.metadata import content_type, stored_headers, user_metadata
+from gateway.s3.metadata import (
+    content_type,
+    refuse_unsupported,
+    stored_headers,
+    upstream_headers,
+    user_metadata,
+)
 
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{1,19})")
 # Headers that change an object's attributes other than metadata: with one of them a copy
@@ -80,6 +86,26 @@ def new_metadata(headers: Mapping[str, str]) -> NewMetadata | None:
     )
 
 
+def target_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The copy's own encryption, storage class and tags (``UPSTREAM_HEADERS``; S3 carries
+    none of the source's but its tags)."""
+    refuse_unsupported(headers)
+    return upstream_headers(headers)
+
+
+def tagging_replaced(headers: Mapping[str, str]) -> bool:
+    """``x-amz-tagging-directive``: COPY (the default: the source's tags) or REPLACE (the
+    request's ``x-amz-tagging``, or none)."""
+    directive = headers.get("x-amz-tagging-directive", "COPY").strip().upper()
+    if directive not in ("COPY", "REPLACE"):
+        raise InvalidArgument(
+            "Unknown tagging directive.",
+            ArgumentName="x-amz-tagging-directive",
+            ArgumentValue=headers["x-amz-tagging-directive"],
+        )
+    return directive == "REPLACE"
+
+
 def copy_range(headers: Mapping[str, str]) -> tuple[int, int] | None:
     raw = headers.get("x-amz-copy-source-range")
     if raw is None:
@@ -115,6 +141,8 @@ async def copy_object(
         replace=new_metadata(headers),
         is_changing_attributes=any(h in headers for h in _ATTRIBUTE_HEADERS),
         destination=write_preconditions(headers),
+        target_headers=target_headers(headers),
+        is_tagging_replaced=tagging_replaced(headers),
     )
     meta = await svc.copy.copy_object(req)
     return _xml(

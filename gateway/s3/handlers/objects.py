@@ -24,7 +24,7 @@ from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext
 from gateway.s3.body import request_body
 from gateway.s3.dispatch import S3Services, handles
-from gateway.s3.metadata import content_type, stored_headers, user_metadata
+from gateway.s3.metadata import content_type, stored_headers, tag_count, user_metadata
 from gateway.s3.metrics import note_ingested
 from gateway.s3.middleware import render_error
 from gateway.s3.streaming import send_body
@@ -137,6 +137,23 @@ def write_preconditions(headers: Mapping[str, str]) -> Preconditions:
     return Preconditions(if_match=if_match, if_none_match=if_none_match)
 
 
+def stored_response_headers(stored: Mapping[str, str]) -> dict[str, str]:
+    """The stored headers as S3 answers them on GET/HEAD: tags as their count
+    (``x-amz-tagging-count``), no encryption context, no storage class when STANDARD."""
+    out = {}
+    for name, value in stored.items():
+        if name == "x-amz-tagging":
+            if count := tag_count(value):
+                out["x-amz-tagging-count"] = str(count)
+        elif name == "x-amz-server-side-encryption-context" or (
+            name == "x-amz-storage-class" and value == "STANDARD"
+        ):
+            continue
+        else:
+            out[_HEADER_NAMES.get(name, name)] = value
+    return out
+
+
 def delete_preconditions(headers: Mapping[str, str]) -> Preconditions | None:
     """DeleteObject's condition: ``If-Match`` (an ETag, or ``*``), as S3's general purpose
     buckets take it since 2025-09; None without one. The directory buckets' size and
@@ -173,7 +190,7 @@ def object_headers(
         out["x-gateway-replicas"] = head.replicas
     if head.node is not None:  # served by the fleet member that holds it unflushed
         out["x-gateway-node"] = _printable(head.node)
-    out.update({_HEADER_NAMES.get(k, k): v for k, v in meta.headers.items()})
+    out.update(stored_response_headers(meta.headers))
     out.update({f"x-amz-meta-{k}": v for k, v in meta.user_metadata.items()})
     if head.byte_range is not None:
         out["Content-Range"] = head.byte_range.content_range
