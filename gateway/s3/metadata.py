@@ -145,6 +145,12 @@ def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The request's ``UPSTREAM_HEADERS``, checked as S3 checks them (400 otherwise, before
     anything is stored: an upload S3 would refuse must never be acknowledged)."""
     sent = {name: headers[name].strip() for name in UPSTREAM_HEADERS if name in headers}
+    for name, value in sent.items():
+        if not value.isascii() or not value.isprintable():  # tags come URL-encoded
+            raise InvalidArgument(
+                f"The {name} header holds characters S3 does not take there",
+                ArgumentName=name,
+            )
     sse = sent.get("x-amz-server-side-encryption")
     if sse is not None and sse not in _SSE:
         raise InvalidArgument(
