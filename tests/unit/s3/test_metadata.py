@@ -7,12 +7,14 @@ import base64
 
 import pytest
 
-from gateway.errors import MetadataTooLarge
+from gateway.errors import InvalidArgument, InvalidTag, MetadataTooLarge
 from gateway.s3.metadata import (
     content_type,
     header_text,
     names_aws_chunked,
     stored_headers,
+    tag_count,
+    upstream_headers,
     user_metadata,
     without_aws_chunked,
 )
@@ -93,3 +95,22 @@ def test_metadata_content_type_default_and_encoding() -> None:
 def test_stored_headers_drop_an_empty_expires() -> None:
     assert stored_headers({"expires": "  ", "cache-control": ""}) == {"cache-control": ""}
     assert stored_headers({"expires": "garbage"}) == {"expires": "garbage"}
+
+
+@pytest.mark.parametrize("value", ["a=\u00e9", "a=\x01", "a=b\udcff"])
+def test_object_settings_that_are_not_printable_ascii_are_refused(value: str) -> None:
+    with pytest.raises(InvalidArgument):
+        upstream_headers({"x-amz-tagging": value})
+
+
+def test_tags_are_checked_and_counted() -> None:
+    kept = upstream_headers(
+        {"x-amz-tagging": "a=1&b=", "x-amz-server-side-encryption-bucket-key-enabled": "TRUE"}
+    )
+    assert kept == {
+        "x-amz-tagging": "a=1&b=",
+        "x-amz-server-side-encryption-bucket-key-enabled": "true",
+    }
+    assert tag_count(kept["x-amz-tagging"]) == 2
+    with pytest.raises(InvalidTag):
+        upstream_headers({"x-amz-tagging": "=v"})
