@@ -130,6 +130,7 @@ class ListEntry:
     size_bytes: int = 0
     etag: str = ""
     last_modified_s: float = 0.0
+    storage_class: str = "STANDARD"
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,7 +96,14 @@ async def _local(
                 break
             m = row.meta
             yield _Item(
-                ListEntry(name, False, m.size_bytes, m.etag, m.last_modified_s),
+                ListEntry(
+                    name,
+                    False,
+                    m.size_bytes,
+                    m.etag,
+                    m.last_modified_s,
+                    m.headers.get("x-amz-storage-class", "STANDARD"),
+                ),
                 row.is_delete,
                 row.state is not FlushState.DURABLE,
                 row.acked_s,

@@ -95,7 +95,7 @@ def contents(
                     "LastModified": iso8601(e.last_modified_s),
                     "ETag": f'"{e.etag}"',
                     "Size": str(e.size_bytes),
-                    "StorageClass": "STANDARD",
+                    "StorageClass": e.storage_class,
                     **({"Owner": OWNER} if with_owner else {}),
                 }
             )

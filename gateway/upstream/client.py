@@ -829,6 +829,7 @@ def _list_entries(resp: Mapping[str, Any]) -> list[ListEntry]:
             size_bytes=int(o.get("Size", 0)),
             etag=str(o.get("ETag", "")).strip('"'),
             last_modified_s=o["LastModified"].timestamp(),
+            storage_class=str(o.get("StorageClass") or "STANDARD"),
         )
         for o in resp.get("Contents", [])
     ]

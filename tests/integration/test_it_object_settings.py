@@ -41,6 +41,14 @@ def multipart_put(s3: Any, bucket: str, key: str, parts: list[bytes], **settings
     )
 
 
+CLASSES = {"set/multi": "STANDARD_IA", "set/plain": "STANDARD", "set/single": "STANDARD_IA"}
+
+
+def _classes(client: Any, bucket: str) -> dict[str, str]:
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="set/")["Contents"]
+    return {o["Key"]: o["StorageClass"] for o in listed}
+
+
 def _tags(client: Any, bucket: str, key: str) -> list[dict[str, str]]:
     got = client.get_object_tagging(Bucket=bucket, Key=key)["TagSet"]
     return sorted(got, key=lambda t: t["Key"])
@@ -66,7 +74,9 @@ def test_encryption_class_and_tags_reach_the_bucket(
             _assert_read_back(s3.get_object(Bucket=bucket, Key=key))
         plain = s3.head_object(Bucket=bucket, Key="set/plain")
         assert "StorageClass" not in plain and "TagCount" not in plain
+        assert _classes(s3, bucket) == CLASSES
     gateway.drained(bucket=bucket)
+    assert _classes(s3, bucket) == CLASSES  # listed from the bucket now
     for key in ("set/single", "set/multi"):
         _assert_read_back(upstream.head_object(Bucket=bucket, Key=key))
         assert _tags(upstream, bucket, key) == TAGS
