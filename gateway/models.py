@@ -18,7 +18,7 @@ class FlushState(StrEnum):
 
 
 # Headers of a write that S3 applies to the object in the bucket, not to its bytes: its
-# encryption at rest (SSE-S3, SSE-KMS, DSSE-KMS), storage class and tags. Stored with the
+# encryption at rest (SSE-S3; SSE-KMS is refused at ingest), storage class and tags. Stored with the
 # version (``ObjectMeta.headers``) and sent with its upload; a copy takes the request's
 # (the source's tags unless ``x-amz-tagging-directive: REPLACE``), as S3's CopyObject does.
 UPSTREAM_HEADERS = (

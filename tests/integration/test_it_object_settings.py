@@ -1,10 +1,9 @@
 """What a write asks S3 to do with the object in the bucket, not with its bytes: encryption
-at rest (``x-amz-server-side-encryption``, SSE-KMS's key and context, the bucket key), the
-storage class and the tags. The gateway keeps them with the version, answers them on reads
+at rest (``x-amz-server-side-encryption: AES256``), the storage class and the tags. The gateway keeps them with the version, answers them on reads
 as S3 does (tags as their count, no STANDARD class) and sends them with the upload: a single
-PUT, a multipart upload, a copy. They used to be dropped: an object asked for SSE-KMS or
-STANDARD_IA landed with the bucket's defaults, its tags lost. What it cannot carry (SSE-C,
-object lock, appends) is refused 501 instead of dropped, and a value S3 would refuse is
+PUT, a multipart upload, a copy. They used to be dropped: an object asked for STANDARD_IA
+landed as STANDARD, its tags lost. What it cannot carry (SSE-KMS, whose ETags are not MD5s;
+SSE-C, object lock, appends) is refused 501 instead of dropped, and a value S3 would refuse is
 refused at once, before anything is acknowledged."""
 
 from __future__ import annotations
@@ -114,7 +113,8 @@ def test_a_copy_takes_the_requests_encryption_and_class_and_the_sources_tags(
     ("settings", "status", "code"),
     [
         ({"ServerSideEncryption": "ROT13"}, 400, "InvalidArgument"),
-        ({"SSEKMSKeyId": "alias/mine"}, 400, "InvalidArgument"),  # without aws:kms
+        ({"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "alias/mine"}, 501, "NotImplemented"),
+        ({"ServerSideEncryption": "aws:kms:dsse"}, 501, "NotImplemented"),
         ({"StorageClass": "FASTEST"}, 400, "InvalidStorageClass"),
         ({"Tagging": "&".join(f"k{i}=v" for i in range(11))}, 400, "InvalidTag"),
         ({"Tagging": "a=1&a=2"}, 400, "InvalidTag"),
