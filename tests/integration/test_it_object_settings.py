@@ -1,9 +1,10 @@
 """What a write asks S3 to do with the object in the bucket, not with its bytes: encryption
-at rest (``x-amz-server-side-encryption: AES256``), the storage class and the tags. The gateway keeps them with the version, answers them on reads
-as S3 does (tags as their count, no STANDARD class) and sends them with the upload: a single
-PUT, a multipart upload, a copy. They used to be dropped: an object asked for STANDARD_IA
-landed as STANDARD, its tags lost. What it cannot carry (SSE-KMS, whose ETags are not MD5s;
-SSE-C, object lock, appends) is refused 501 instead of dropped, and a value S3 would refuse is
+at rest (``x-amz-server-side-encryption: AES256``), the storage class and the tags. The
+gateway keeps them with the version, answers them on reads as S3 does (tags as their
+count, no STANDARD class) and sends them with the upload: a single PUT, a multipart
+upload, a copy. They used to be dropped: an object asked for STANDARD_IA landed as
+STANDARD, its tags lost. What it cannot carry (SSE-KMS, whose ETags are not MD5s; SSE-C,
+object lock, appends) is refused 501 instead of dropped, and a value S3 would refuse is
 refused at once, before anything is acknowledged."""
 
 from __future__ import annotations
