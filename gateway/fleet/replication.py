@@ -357,8 +357,8 @@ class ReplicaWrite:
         resend: Callable[[str], AsyncIterator[bytes]] | None,
     ) -> int:
         """Commit on up to ``count`` members that come next by rendezvous after the
-        holders tried (they could not be reached); on how many it committed. Those that
-        did join the holders (a ``withdraw`` tells them too)."""
+        holders tried (they could not be reached); on how many it committed. Each one
+        tried joins the holders (a ``withdraw`` tells it too: it may have committed)."""
         tried = {m.node_id for m in self.holders}
         ranked = self._replication.holders(self.bucket, self.key, len(tried) + count)
         spare = [m for m in ranked if m.node_id not in tried][:count]
