@@ -75,6 +75,9 @@ from gateway.upstream.client import PartSource, Upstream
 log = logging.getLogger(__name__)
 _SWEEP_INTERVAL_S = 60.0  # how often recorded, no longer open upstream uploads are aborted
 _CLAIM_RETRY_S = 1.0  # pause after a claim the journal failed
+# A request that waited longer than this for the gate looks again whether its version is
+# still current (a journal read; none on the fast path).
+_RECHECK_AFTER_WAIT_S = 0.05
 T = TypeVar("T")
 
 
@@ -508,8 +511,23 @@ class Flusher:
         self, lane: Lane, obj: LocalObject, size_bytes: int, call: Callable[[], Awaitable[T]]
     ) -> T:
         """One request of a claimed row through the gate (one try: a failure goes back to
-        the row, which is retried after a backoff)."""
-        return await self.gate.send(lane, obj.seq, size_bytes, call, claimed=True)
+        the row, which is retried after a backoff). A request that waited in the gate (a
+        throttled or paced bucket: seconds) first looks whether its version is still the
+        key's: one overwritten meanwhile is not sent (its newer version goes instead; it
+        used to go up first, a PUT wasted where requests are scarcest, and seen in the
+        bucket for a moment)."""
+        asked_s = self._clock.monotonic()
+
+        async def still_current() -> T:
+            waited_s = self._clock.monotonic() - asked_s
+            if waited_s > _RECHECK_AFTER_WAIT_S and await self._is_superseded(obj):
+                log.info(
+                    "%s seq=%d: overwritten while it waited to go: not sent", _name(obj), obj.seq
+                )
+                raise _Superseded()
+            return await call()
+
+        return await self.gate.send(lane, obj.seq, size_bytes, still_current, claimed=True)
 
     async def _is_superseded(self, obj: LocalObject) -> bool:
         current = await self._journal.get(obj.meta.bucket, obj.meta.key)

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import FakeUpstream, claim_pending, until_changed
@@ -633,6 +634,37 @@ async def test_flusher_supersede_while_in_flight_uploads_newest_last(
     assert row is not None
     assert (row.seq, row.state) == (v2.seq, FlushState.DURABLE)
     assert row.meta.etag == hashlib.md5(b"version two").hexdigest()
+
+
+async def test_flusher_never_sends_a_version_overwritten_while_it_waited_in_the_gate(
+    journal: Journal,
+    blobs: BlobStore,
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """v1's request waits for the gate (a throttled bucket) while v2 is committed: v1 is
+    not sent at all, v2 is (v1 used to go up first, a wasted PUT)."""
+    flusher = _flusher(journal, blobs, upstream)
+    admitted = flusher.gate._admitted
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await admitted(*args, **kwargs)
+
+    monkeypatch.setattr(flusher.gate, "_admitted", held)
+    async with _running(flusher):
+        await _write(journal, blobs, "latest.ckpt", b"version one")
+        await asyncio.wait_for(entered.wait(), WAIT_S)  # v1's request waits for the gate
+        v2 = await _write(journal, blobs, "latest.ckpt", b"version two")
+        await asyncio.sleep(0.1)
+        release.set()
+        await _drained(journal)
+
+    assert upstream.stored == [(BUCKET, "latest.ckpt", b"version two")]
+    row = await journal.get(BUCKET, "latest.ckpt")
+    assert row is not None and (row.seq, row.state) == (v2.seq, FlushState.DURABLE)
 
 
 async def test_flusher_delete_while_put_in_flight_leaves_key_deleted(
