@@ -23,8 +23,6 @@ class FlushState(StrEnum):
 # (the source's tags unless ``x-amz-tagging-directive: REPLACE``), as S3's CopyObject does.
 UPSTREAM_HEADERS = (
     "x-amz-server-side-encryption",
-    "x-amz-server-side-encryption-aws-kms-key-id",
-    "x-amz-server-side-encryption-context",
     "x-amz-server-side-encryption-bucket-key-enabled",
     "x-amz-storage-class",
     "x-amz-tagging",
@@ -46,6 +44,11 @@ class ObjectMeta:
     headers: Mapping[str, str] = field(default_factory=dict)
     # x-amz-checksum-<algorithm> values (base64) verified on ingest.
     checksums: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def storage_class(self) -> str:
+        """The storage class the version was written with (``x-amz-storage-class``)."""
+        return self.headers.get("x-amz-storage-class", "STANDARD")
 
 
 @dataclass(frozen=True, slots=True)

@@ -901,10 +901,9 @@ def start_moto() -> tuple[Any, str]:
     """Start moto's ThreadedMotoServer on a free loopback port; returns (server, url)."""
     from moto.server import ThreadedMotoServer
 
-    from gateway.upstream.demo import guard_moto_conditional_writes, guard_moto_etag
+    from gateway.upstream.demo import guard_moto
 
-    guard_moto_etag()  # moto's own ETag race would look like a corrupt flush
-    guard_moto_conditional_writes()  # two winners of one If-None-Match: moto's race
+    guard_moto()  # moto's races (ETag, conditional writes, LIST) would look like ours
     # werkzeug logs every request to stderr; keep test output readable.
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -89,14 +89,13 @@ def local_attributes(
 ) -> ObjectAttributes:
     """The attributes of a local version, with one page of its parts."""
     meta = local.meta
-    storage_class = meta.headers.get("x-amz-storage-class", "STANDARD")
     if not local.parts:
         return ObjectAttributes(
             meta.etag,
             meta.size_bytes,
             meta.last_modified_s,
             meta.checksums,
-            storage_class=storage_class,
+            storage_class=meta.storage_class,
         )
     has_checksum = bool(meta.checksums)
     numbered = [
@@ -115,5 +114,5 @@ def local_attributes(
         part_number_marker=part_number_marker,
         max_parts=max_parts,
         is_truncated=has_checksum and len(numbered) > max_parts,
-        storage_class=storage_class,
+        storage_class=meta.storage_class,
     )

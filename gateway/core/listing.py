@@ -96,14 +96,7 @@ async def _local(
                 break
             m = row.meta
             yield _Item(
-                ListEntry(
-                    name,
-                    False,
-                    m.size_bytes,
-                    m.etag,
-                    m.last_modified_s,
-                    m.headers.get("x-amz-storage-class", "STANDARD"),
-                ),
+                ListEntry(name, False, m.size_bytes, m.etag, m.last_modified_s, m.storage_class),
                 row.is_delete,
                 row.state is not FlushState.DURABLE,
                 row.acked_s,

@@ -202,9 +202,10 @@ class ObjectService:
         check_write(cond, seen, key)
 
         def check(row: LocalObject | None) -> None:
-            changed = row is not None and row.seq != seen_seq
-            etag = (None if row.is_delete else row.meta.etag) if changed and row else seen
-            check_write(cond, etag, key)
+            if row is not None and row.seq != seen_seq:  # a write committed here since
+                check_write(cond, _etag(row), key)
+            else:
+                check_write(cond, seen, key)
 
         if self._fleet is None:
             return check
@@ -225,9 +226,9 @@ class ObjectService:
         peer = await self._peer_version(bucket, key, row)
         local = None if peer is not None else await self._fresh.after_peers(row)
         if peer is not None:
-            return (None if peer.is_delete else peer.meta.etag), seq
+            return _etag(peer), seq
         if local is not None:
-            return (None if local.is_delete else local.meta.etag), seq
+            return _etag(local), seq
         try:
             return (await self._upstream.head_object(bucket, key)).etag, seq
         except NoSuchKey:
@@ -498,6 +499,11 @@ class ObjectService:
 
     async def state_of(self, bucket: str, key: str) -> LocalObject | None:
         return await self._journal.get(bucket, key)
+
+
+def _etag(version: LocalObject | PeerHead) -> str | None:
+    """A version's ETag for a condition; None for a delete (no object)."""
+    return None if version.is_delete else version.meta.etag
 
 
 def check_write(cond: Preconditions, etag: str | None, key: str) -> None:

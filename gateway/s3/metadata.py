@@ -19,7 +19,7 @@ way recovers the exact bytes.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import parse_qsl
 
 from gateway.errors import (
@@ -136,9 +136,12 @@ _REFUSED_HEADERS = (
 _MAX_TAGS = 10
 
 
-def refuse_unsupported(headers: Mapping[str, str]) -> None:
-    """501 NotImplemented, naming it, for a header whose meaning this gateway would drop."""
-    for name in _REFUSED_HEADERS:
+def refuse_unsupported(
+    headers: Mapping[str, object], names: Sequence[str] = _REFUSED_HEADERS
+) -> None:
+    """501 NotImplemented, naming it, for a header (or element) of ``names`` whose meaning
+    this gateway would drop."""
+    for name in names:
         if name in headers:
             raise S3NotImplemented(
                 "A header you provided implies functionality that is not implemented",
@@ -163,7 +166,7 @@ def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
             ArgumentName="x-amz-server-side-encryption",
             ArgumentValue=sse,
         )
-    if sse in _SSE_KMS or any(name in sent for name in _KMS_HEADERS):
+    if sse in _SSE_KMS or any(name in headers for name in _KMS_HEADERS):
         # S3 answers an SSE-KMS object with an ETag that is not its body's MD5, and the
         # gateway acknowledges (and later matches uploads, copies and versions by) the MD5.
         raise S3NotImplemented(

@@ -92,14 +92,9 @@ class Journal(JournalEngine):
         Returns the new row and the superseded blob ids (to unlink after this returns).
         """
 
-        def op(conn: sqlite3.Connection, seq: int) -> tuple[LocalObject, list[str]]:
-            if check is not None:
-                check(self.current(conn, meta.bucket, meta.key))
-            return self.upsert(
-                conn, seq, meta, blob_id, (), False, acked_s, crc32c=crc32c, body=body
-            )
-
-        return await self.run_write_versions(1, op, on_seq)
+        return await self._commit_version(
+            meta, blob_id, (), acked_s, check, crc32c=crc32c, body=body, on_seq=on_seq
+        )
 
     def current(self, conn: sqlite3.Connection, bucket: str, key: str) -> LocalObject | None:
         """Inside an op: the key's row (version or tombstone), or None."""
@@ -111,13 +106,7 @@ class Journal(JournalEngine):
         """Record a delete of ``key`` (a pending tombstone). Returns it and the superseded blob.
         ``check``: as for ``commit_put`` (a conditional delete)."""
         meta = ObjectMeta(bucket=bucket, key=key, size_bytes=0, etag="", last_modified_s=acked_s)
-
-        def op(conn: sqlite3.Connection, seq: int) -> tuple[LocalObject, list[str]]:
-            if check is not None:
-                check(self.current(conn, bucket, key))
-            return self.upsert(conn, seq, meta, None, (), True, acked_s)
-
-        return await self.run_write_versions(1, op)
+        return await self._commit_version(meta, None, (), acked_s, check, is_delete=True)
 
     async def commit_copy(
         self,
@@ -136,15 +125,34 @@ class Journal(JournalEngine):
         blobs are unlinked. Returns the new row and the superseded blob ids (to unlink after
         this returns). ``check``: as for ``commit_put`` (a conditional copy).
         """
+        return await self._commit_version(
+            meta, blob_id, parts, acked_s, check, crc32c=crc32c, body=body
+        )
+
+    async def _commit_version(
+        self,
+        meta: ObjectMeta,
+        blob_id: str | None,
+        parts: tuple[PartRef, ...],
+        acked_s: float,
+        check: RowCheck | None,
+        *,
+        is_delete: bool = False,
+        crc32c: int | None = None,
+        body: bytes | None = None,
+        on_seq: Callable[[int], None] | None = None,
+    ) -> tuple[LocalObject, list[str]]:
+        """One new version of ``meta``'s key (a tombstone with ``is_delete``), ``check``
+        first seeing the key's current row in the same transaction."""
 
         def op(conn: sqlite3.Connection, seq: int) -> tuple[LocalObject, list[str]]:
             if check is not None:
                 check(self.current(conn, meta.bucket, meta.key))
             return self.upsert(
-                conn, seq, meta, blob_id, parts, False, acked_s, crc32c=crc32c, body=body
+                conn, seq, meta, blob_id, parts, is_delete, acked_s, crc32c=crc32c, body=body
             )
 
-        return await self.run_write_versions(1, op)
+        return await self.run_write_versions(1, op, on_seq)
 
     async def commit_deletes(self, bucket: str, keys: Sequence[str], acked_s: float) -> list[str]:
         """Record deletes of every key in ``keys`` (pending tombstones) in ONE transaction:

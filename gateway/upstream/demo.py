@@ -25,8 +25,7 @@ class DemoUpstream:
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._host = host
         self._port = port or _free_port(host)
-        guard_moto_etag()
-        guard_moto_conditional_writes()
+        guard_moto()
         self._server = ThreadedMotoServer(ip_address=host, port=self._port, verbose=False)
 
     @property
@@ -46,6 +45,14 @@ def _free_port(host: str) -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def guard_moto() -> None:
+    """moto's thread-safety faults that S3 does not have, guarded (idempotent): its lazy
+    ETag, its conditional writes, its listing during deletes."""
+    guard_moto_etag()
+    guard_moto_conditional_writes()
+    guard_moto_listing()
 
 
 def guard_moto_etag() -> None:
@@ -100,13 +107,14 @@ def guard_moto_conditional_writes() -> None:
 
     S3Response._key_response = key_response  # type: ignore[method-assign]
     S3Response._gateway_guarded = True  # type: ignore[attr-defined]
-    _guard_moto_listing()
 
 
-def _guard_moto_listing() -> None:
+def guard_moto_listing() -> None:
     """moto lists a bucket by iterating its keys while other threads delete some: a key
     deleted in between raised KeyError, answered 500 (seen in loadtest/fleet_soak.py).
     S3 lists a consistent view; the listing is tried again instead (a few times)."""
+    if getattr(S3Backend, "_gateway_guarded", False):
+        return
     unguarded = S3Backend.list_objects
 
     def list_objects(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -118,3 +126,4 @@ def _guard_moto_listing() -> None:
         return unguarded(self, *args, **kwargs)
 
     S3Backend.list_objects = list_objects  # type: ignore[method-assign]
+    S3Backend._gateway_guarded = True  # type: ignore[attr-defined]

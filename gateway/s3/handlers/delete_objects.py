@@ -27,6 +27,7 @@ from gateway.s3 import xml
 from gateway.s3.auth import AuthContext
 from gateway.s3.body import read_document
 from gateway.s3.dispatch import S3Services, handles
+from gateway.s3.metadata import refuse_unsupported
 
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
@@ -106,12 +107,7 @@ def parse_delete(raw: bytes) -> tuple[bool, list[DeleteEntry]]:
             v is None or isinstance(v, str) for v in (version, etag)
         ):
             raise MalformedXML()
-        for name in ("LastModifiedTime", "Size"):  # directory buckets' conditions
-            if name in obj:
-                raise S3NotImplemented(
-                    "A header you provided implies functionality that is not implemented",
-                    Header=name,
-                )
+        refuse_unsupported(obj, ("LastModifiedTime", "Size"))  # directory buckets' conditions
         entries.append(DeleteEntry(key, version, None if etag is None else etag.strip()))
     return quiet, entries
 

@@ -24,7 +24,13 @@ from gateway.s3 import operations as ops
 from gateway.s3.auth import AuthContext
 from gateway.s3.body import request_body
 from gateway.s3.dispatch import S3Services, handles
-from gateway.s3.metadata import content_type, stored_headers, tag_count, user_metadata
+from gateway.s3.metadata import (
+    content_type,
+    refuse_unsupported,
+    stored_headers,
+    tag_count,
+    user_metadata,
+)
 from gateway.s3.metrics import note_ingested
 from gateway.s3.middleware import render_error
 from gateway.s3.streaming import send_body
@@ -139,15 +145,13 @@ def write_preconditions(headers: Mapping[str, str]) -> Preconditions:
 
 def stored_response_headers(stored: Mapping[str, str]) -> dict[str, str]:
     """The stored headers as S3 answers them on GET/HEAD: tags as their count
-    (``x-amz-tagging-count``), no encryption context, no storage class when STANDARD."""
+    (``x-amz-tagging-count``), no storage class when STANDARD."""
     out = {}
     for name, value in stored.items():
         if name == "x-amz-tagging":
             if count := tag_count(value):
                 out["x-amz-tagging-count"] = str(count)
-        elif name == "x-amz-server-side-encryption-context" or (
-            name == "x-amz-storage-class" and value == "STANDARD"
-        ):
+        elif name == "x-amz-storage-class" and value == "STANDARD":
             continue
         else:
             out[_HEADER_NAMES.get(name, name)] = value
@@ -158,12 +162,7 @@ def delete_preconditions(headers: Mapping[str, str]) -> Preconditions | None:
     """DeleteObject's condition: ``If-Match`` (an ETag, or ``*``), as S3's general purpose
     buckets take it since 2025-09; None without one. The directory buckets' size and
     modification-time conditions are not implemented (501)."""
-    for name in ("x-amz-if-match-size", "x-amz-if-match-last-modified-time"):
-        if name in headers:
-            raise S3NotImplemented(
-                "A header you provided implies functionality that is not implemented",
-                Header=name,
-            )
+    refuse_unsupported(headers, ("x-amz-if-match-size", "x-amz-if-match-last-modified-time"))
     if_match = headers.get("If-Match")
     return None if if_match is None else Preconditions(if_match=if_match)
 
